@@ -1,0 +1,166 @@
+"""The ``talon`` command: ``generate`` (and ``bench``, ``sweep``, ``tune``, ``serve``).
+
+User errors print one line ``talon: error: ...`` on stderr and exit with status 2, no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from .config import TREE_METHODS
+from .errors import TalonError
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags shared by every command that loads models."""
+    parser.add_argument("--target", default=None, help="target model: built-in name, folder, .gguf file or hub id "
+                        "(default: qwen2.5-coder-1.5b-instruct)")
+    parser.add_argument("--draft", default=None, help="draft model sharing the target's vocabulary "
+                        "(default: qwen2.5-coder-0.5b-instruct)")
+    parser.add_argument("--drafter", default="model", help="model (the draft LM) or ngram (prompt lookup)")
+    parser.add_argument("--dtype", default="auto", help="auto, float32 or bfloat16")
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if present)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+
+
+def add_tree_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tree", default="talon", help="one of " + ", ".join(TREE_METHODS))
+    parser.add_argument("--budget", type=_int_or_auto, default=None, help="N, tree nodes incl. the root, or 'auto'")
+    parser.add_argument("--topk", type=int, default=None, help="talon: root children K; eagle: top-k per layer")
+    parser.add_argument("--mu", type=float, default=None, help="talon gate: keep p >= mu * layer max (0 < mu <= 1)")
+    parser.add_argument("--depth", type=int, default=None, help="chain length; eagle draft layers")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="talon", description="Lossless speculative decoding with TALON draft trees.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    generate = commands.add_parser("generate", help="generate a completion for one prompt")
+    generate.add_argument("prompt", help="the prompt (a user message for instruct models)")
+    add_model_arguments(generate)
+    add_tree_arguments(generate)
+    generate.add_argument("--max-new-tokens", type=int, default=256)
+    generate.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    generate.add_argument("--top-p", type=float, default=1.0)
+    generate.add_argument("--top-k", type=int, default=0)
+    generate.add_argument("--seed", type=int, default=None)
+    generate.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    generate.add_argument("--no-chat-template", action="store_true", help="send the prompt as raw text")
+    generate.add_argument("--json", action="store_true", help='print one JSON object {"text", "token_ids", "stats"}')
+    generate.set_defaults(handler=run_generate)
+    try:
+        from .bench.cli import register as register_bench
+    except ImportError:  # pragma: no cover - the bench package ships with the library
+        register_bench = None
+    if register_bench is not None:
+        register_bench(commands)
+    try:
+        from .server import register as register_server
+    except ImportError:  # pragma: no cover
+        register_server = None
+    if register_server is not None:
+        register_server(commands)
+    return parser
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    validate_generate_args(args)
+    generator = make_generator(args)
+    stream = generator.stream(
+        args.prompt,
+        max_new_tokens=args.max_new_tokens,
+        do_sample=args.temperature > 0,
+        temperature=args.temperature if args.temperature > 0 else 1.0,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        stop=tuple(args.stop),
+    )
+    for chunk in stream:
+        if not args.json:
+            sys.stdout.write(chunk)
+            sys.stdout.flush()
+    result = stream.result
+    if args.json:
+        sys.stdout.write(json.dumps(result.to_dict()) + "\n")
+    else:
+        sys.stdout.write("\n")
+        print(result.stats.summary(), file=sys.stderr)
+    return 0
+
+
+def validate_generate_args(args: argparse.Namespace) -> None:
+    """Check cheap arguments before any model is loaded (a minute saved on a typo)."""
+    from .config import GenerationConfig, SamplingConfig, TreeConfig
+
+    if not args.prompt.strip():
+        raise TalonError("prompt: got '', expected a non-empty string")
+    GenerationConfig(max_new_tokens=args.max_new_tokens, stop=tuple(args.stop))
+    if args.temperature < 0:
+        raise TalonError(f"temperature: got {args.temperature!r}, expected a number >= 0")
+    SamplingConfig(do_sample=args.temperature > 0, temperature=args.temperature, top_p=args.top_p,
+                   top_k=args.top_k, seed=args.seed)
+    tree_options(args, TreeConfig)
+
+
+def tree_options(args: argparse.Namespace, tree_config_class=None):
+    """The TreeConfig the flags describe (``--budget auto`` resolved from the tuned profile)."""
+    from .config import TreeConfig
+
+    budget = args.budget
+    options = {"budget": None if budget == "auto" else budget, "topk": args.topk, "mu": args.mu, "depth": args.depth}
+    options = {k: v for k, v in options.items() if v is not None}
+    if budget == "auto":
+        from .bench.tune import tuned_tree_options
+
+        options = {**tuned_tree_options(args.tree, args.target, args.draft, args.dtype), **options}
+    return TreeConfig(method=args.tree, **options)
+
+
+def make_generator(args: argparse.Namespace):
+    from .generator import SpeculativeGenerator
+
+    configure_torch(args)
+    return SpeculativeGenerator(
+        args.target, args.draft, tree=tree_options(args), drafter=args.drafter, dtype=args.dtype,
+        device=args.device, chat_template=not getattr(args, "no_chat_template", False),
+    )
+
+
+def configure_torch(args: argparse.Namespace) -> None:
+    import torch
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if getattr(args, "threads", None):
+        if args.threads < 1:
+            raise TalonError(f"threads: got {args.threads}, expected an integer >= 1")
+        torch.set_num_threads(args.threads)
+
+
+def _int_or_auto(text: str):
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args)
+    except TalonError as error:
+        print(f"talon: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""Configuration as frozen dataclasses, validated on construction.
+
+Each field maps one-to-one onto a CLI flag (``budget`` <-> ``--budget``); a bad value raises
+:class:`~talon_sd.errors.TalonError` naming the field and the allowed range.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+
+from .errors import TalonError, bad_argument
+
+TREE_METHODS = ("ar", "chain", "static", "eagle", "talon")
+
+# Method defaults for this project's machines (2-core CPU, bf16 verification about flat up to
+# ~16 tree tokens; see docs/BENCHMARKS.md and `talon tune`). The paper's GPU settings are
+# N = 60, K = 10, mu = 0.03 for TALON and N = 60, K = 10, D = 8 for EAGLE-3.
+METHOD_DEFAULTS: dict[str, dict[str, object]] = {
+    "ar": {"budget": 1, "topk": 1, "depth": 0},
+    "chain": {"budget": 5, "topk": 1, "depth": 4},
+    "static": {"budget": 16, "topk": 1, "depth": 0},
+    "eagle": {"budget": 16, "topk": 4, "depth": 5},
+    "talon": {"budget": 16, "topk": 4, "depth": 0},
+}
+
+
+@dataclass(frozen=True)
+class TreeConfig:
+    """How the draft tree is built.
+
+    method   one of ``ar``, ``chain``, ``static``, ``eagle``, ``talon``
+    budget   N, the number of tree nodes, root counted (talon, static, eagle's total tokens)
+    topk     K: talon's root children; eagle's children per node and frontier width
+    mu       talon's gate: keep p >= mu * (largest p in the layer pool), 0 < mu <= 1
+    depth    chain length (draft tokens per step) and eagle's number of draft layers
+    static_paths  the static tree's shape as sibling-rank paths (default derived from budget)
+    Unset (None) fields take the method's default from :data:`METHOD_DEFAULTS`.
+    """
+
+    method: str = "talon"
+    budget: int | None = None
+    topk: int | None = None
+    mu: float = 0.03
+    depth: int | None = None
+    static_paths: tuple[tuple[int, ...], ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.method not in TREE_METHODS:
+            raise bad_argument("tree", self.method, "one of " + ", ".join(TREE_METHODS))
+        for name, value in METHOD_DEFAULTS[self.method].items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, value)
+        if self.method == "chain" and self.budget != self.depth + 1:
+            object.__setattr__(self, "budget", self.depth + 1)
+        _check_int("budget", self.budget, 2 if self.method != "ar" else 1, "an integer >= 2 (tree nodes, root counted)")
+        _check_int("topk", self.topk, 1, "an integer >= 1")
+        _check_int("depth", self.depth, 1 if self.method in ("chain", "eagle") else 0, "an integer >= 1")
+        if isinstance(self.mu, bool) or not isinstance(self.mu, (int, float)) or not 0 < self.mu <= 1:
+            raise bad_argument("mu", self.mu, "a number in (0, 1]")
+        if self.static_paths is not None:
+            paths = tuple(tuple(int(r) for r in p) for p in self.static_paths)
+            if not paths or any(len(p) == 0 or min(p) < 0 for p in paths):
+                raise bad_argument("static_paths", self.static_paths, "non-empty paths of ranks >= 0")
+            object.__setattr__(self, "static_paths", paths)
+            object.__setattr__(self, "budget", len(paths) + 1)
+
+    @property
+    def label(self) -> str:
+        """A short name for tables: ``talon(N=16,K=4,mu=0.03)``."""
+        if self.method == "ar":
+            return "ar"
+        if self.method == "chain":
+            return f"chain(k={self.depth})"
+        if self.method == "eagle":
+            return f"eagle(N={self.budget},K={self.topk},D={self.depth})"
+        if self.method == "talon":
+            return f"talon(N={self.budget},K={self.topk},mu={self.mu:g})"
+        return f"static(N={self.budget})"
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Token selection, named as in Hugging Face ``generate``.
+
+    do_sample=False (or temperature=0) is greedy. With sampling, logits are divided by
+    ``temperature``, then ``top_k`` (0 = off) and ``top_p`` (1 = off) restrict the support.
+    """
+
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not _is_number(self.temperature) or self.temperature < 0:
+            raise bad_argument("temperature", self.temperature, "a number >= 0")
+        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
+            raise bad_argument("top_p", self.top_p, "a number in (0, 1]")
+        _check_int("top_k", self.top_k, 0, "an integer >= 0 (0 = off)")
+        if self.seed is not None:
+            _check_int("seed", self.seed, 0, "an integer >= 0")
+
+    @property
+    def greedy(self) -> bool:
+        return not self.do_sample or self.temperature == 0
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """When to stop: ``max_new_tokens``, EOS (the tokenizer's and the model's) and ``stop`` strings."""
+
+    max_new_tokens: int = 256
+    stop: tuple[str, ...] = field(default_factory=tuple)
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        _check_int("max_new_tokens", self.max_new_tokens, 1, "an integer >= 1")
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        if any(not isinstance(s, str) or not s for s in stop):
+            raise bad_argument("stop", self.stop, "non-empty strings")
+        object.__setattr__(self, "stop", stop)
+
+
+def split_options(options: dict, *configs: type) -> list[dict]:
+    """Split keyword options among config classes by field name; unknown names are an error."""
+    buckets: list[dict] = [{} for _ in configs]
+    for key, value in options.items():
+        for bucket, config in zip(buckets, configs):
+            if key in {f.name for f in fields(config)}:
+                bucket[key] = value
+                break
+        else:
+            raise TalonError(f"{key}: unknown option")
+    return buckets
+
+
+def updated(config, **changes):
+    """``dataclasses.replace`` that ignores ``None`` values (flags the user did not give)."""
+    return replace(config, **{k: v for k, v in changes.items() if v is not None})
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_int(name: str, value, minimum: int, expected: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise bad_argument(name, value, expected)
