@@ -1,0 +1,70 @@
+"""Greedy oracle: every drafter x tree builder reproduces plain greedy decoding token for token."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import VOCAB, plain_greedy
+from helpers import make_drafter, run
+from talon_sd.config import TreeConfig
+
+PROMPTS = [[5, 17, 33, 8, 5, 17], [3, 9, 27, 81 % 96, 50, 60, 3, 9], [40]]
+
+TREES = [
+    TreeConfig("ar"),
+    TreeConfig("chain", depth=1),
+    TreeConfig("chain", depth=5),
+    TreeConfig("static", budget=6),
+    TreeConfig("static", budget=20),
+    TreeConfig("eagle", budget=8, topk=2, depth=3),
+    TreeConfig("eagle", budget=24, topk=4, depth=6),
+    TreeConfig("talon", budget=2, topk=1),
+    TreeConfig("talon", budget=8, topk=3),
+    TreeConfig("talon", budget=32, topk=10, mu=0.03),
+    TreeConfig("talon", budget=16, topk=4, mu=0.5),
+]
+
+
+@pytest.mark.parametrize("pair_name", ["llama_pair", "qwen_pair"])
+@pytest.mark.parametrize("drafter_kind", ["model", "ngram"])
+@pytest.mark.parametrize("tree", TREES, ids=lambda t: t.label)
+def test_greedy_equals_plain_greedy(request, pair_name, drafter_kind, tree):
+    target, draft = request.getfixturevalue(pair_name)
+    drafter = make_drafter(drafter_kind, draft, VOCAB)
+    for prompt in PROMPTS:  # the same drafter object across generations: no state leaks between calls
+        expected = plain_greedy(target, prompt, 40)
+        tokens, stats = run(target, drafter, tree, prompt, 40)
+        assert tokens == expected, (tree.label, drafter_kind, prompt)
+        assert stats.new_tokens == 40
+        assert stats.committed >= 40
+        if tree.method != "ar":
+            assert stats.draft_forwards > 0
+
+
+@pytest.mark.parametrize("pair_name", ["llama_pair", "qwen_pair"])
+@pytest.mark.parametrize("tree", [t for t in TREES if t.method != "ar"], ids=lambda t: t.label)
+def test_stops_inside_an_accepted_path(request, pair_name, tree):
+    """EOS and max_new_tokens that fall inside an accepted path end the output exactly there."""
+    target, draft = request.getfixturevalue(pair_name)
+    prompt = PROMPTS[0]
+    reference = plain_greedy(target, prompt, 60)
+    truncated_somewhere = False
+    for limit in range(3, 30, 3):
+        tokens, stats = run(target, make_drafter("model", draft, VOCAB), tree, prompt, limit)
+        assert tokens == reference[:limit]
+        truncated_somewhere |= stats.committed > stats.new_tokens
+        eos = reference[limit]
+        tokens, stats = run(target, make_drafter("model", draft, VOCAB), tree, prompt, 60, eos=(eos,))
+        assert tokens == reference[: reference.index(eos) + 1]
+        truncated_somewhere |= stats.committed > stats.new_tokens
+    if tree.budget > 2:
+        assert truncated_somewhere, "no stop fell inside an accepted path: the test lost its point"
+
+
+def test_speculation_really_accepts(llama_pair):
+    """The noisy-copy draft is good enough that trees are accepted several tokens deep."""
+    target, draft = llama_pair
+    for tree in (TreeConfig("chain", depth=5), TreeConfig("talon", budget=32, topk=2, mu=0.5)):
+        _, stats = run(target, make_drafter("model", draft, VOCAB), tree, PROMPTS[0], 60)
+        assert stats.mat > 2.0, tree.label
+        assert max(stats.accepted_lengths) >= 3, tree.label
