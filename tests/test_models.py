@@ -269,6 +269,13 @@ def test_damaged_weights_are_a_one_line_error(tmp_path):
     assert "\n" not in str(caught.value)
 
 
+def test_sdpa_refused_by_the_architecture_falls_back_to_eager(tmp_path, monkeypatch):
+    folder = save_tiny_llama(tmp_path / "tiny", with_tokenizer=False)
+    monkeypatch.setattr(LlamaForCausalLM, "_supports_sdpa", False)
+    loaded = load_model(str(folder), dtype="fp32", with_tokenizer=False)
+    assert loaded.model.config._attn_implementation == "eager"
+
+
 def test_bad_attention_backend_is_refused(tmp_path):
     folder = save_tiny_llama(tmp_path / "tiny", with_tokenizer=False)
     with pytest.raises(TalonError, match=r"^attn_implementation: "):

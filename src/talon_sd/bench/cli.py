@@ -1,0 +1,357 @@
+"""``talon bench``, ``talon sweep`` and ``talon tune`` (registered by :mod:`talon_sd.cli`).
+
+Cheap arguments (datasets, data files, limit, methods, grids, tree options, ``auto`` profiles) are
+all checked before any model is loaded; every mistake is a one-line TalonError (exit status 2).
+
+    talon bench --dtype bfloat16 --limit 5 --max-new-tokens 128 --out runs/greedy
+        -> runs/greedy/{results.json, outputs.jsonl, report.md, plots/*.png} and a table on stdout
+    talon sweep --datasets mt_bench,humaneval --budgets 8,16,32,64,96 --mus 0.01,0.03 --out runs/sweep
+    talon tune --dtype bfloat16            -> the machine profile used by --budget auto
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import pathlib
+import shlex
+import sys
+
+from ..errors import TalonError, bad_argument
+from .datasets import DATASETS, load_prompts, parse_dataset_names, split_list
+from .methods import AUTO, METHODS, TUNED_KEY, Decoding, bench_variants, parse_methods
+from .sweep import SWEEP_METHODS
+
+TUNE_METHODS = ("talon", "eagle", "chain", "static")
+
+
+def register(commands) -> None:
+    """Add the ``bench``, ``sweep`` and ``tune`` subcommands to the ``talon`` parser."""
+    from ..cli import add_model_arguments
+
+    bench = commands.add_parser("bench", help="compare every method on the benchmark datasets, side by side")
+    add_model_arguments(bench)
+    _add_run_arguments(bench, datasets="all", limit=5, max_new_tokens=128, out="bench")
+    bench.add_argument("--methods", default=",".join(METHODS),
+                       help="comma-separated, some of " + ", ".join(METHODS) + " (ar always runs: the baseline)")
+    bench.add_argument("--budget", type=_auto_only, default=None,
+                       help="'auto': every tree method at the options `talon tune` picked for this machine")
+    bench.add_argument("--talon-budget", type=_int_or_auto, default=None, help="talon N (int or auto)")
+    bench.add_argument("--talon-mu", type=float, default=None, help="talon gate mu")
+    bench.add_argument("--talon-topk", type=int, default=None, help="talon root children K")
+    bench.add_argument("--eagle-budget", type=_int_or_auto, default=None, help="eagle total tokens (int or auto)")
+    bench.add_argument("--eagle-topk", type=int, default=None, help="eagle top-k per layer")
+    bench.add_argument("--eagle-depth", type=int, default=None, help="eagle draft layers")
+    bench.add_argument("--chain-depth", type=_int_or_auto, default=None, help="chain draft tokens per step (int or auto)")
+    bench.add_argument("--static-budget", type=_int_or_auto, default=None, help="static tree nodes (int or auto)")
+    bench.set_defaults(handler=run_bench_command, subparser=bench)
+
+    sweep = commands.add_parser("sweep", help="speedup against the tree budget N (and mu, top-k, depth)")
+    add_model_arguments(sweep)
+    _add_run_arguments(sweep, datasets="mt_bench,gsm8k,humaneval", limit=2, max_new_tokens=64, out="sweep")
+    sweep.add_argument("--methods", default="talon,eagle", help="some of " + ", ".join(SWEEP_METHODS))
+    sweep.add_argument("--budgets", default="8,16,32,64,96", help="budgets N (tree nodes, root counted)")
+    sweep.add_argument("--mus", default="0.03", help="talon gate values")
+    sweep.add_argument("--talon-topks", default="4", help="talon root children K")
+    sweep.add_argument("--eagle-topks", default="4", help="eagle top-k per layer")
+    sweep.add_argument("--eagle-depths", default="5", help="eagle draft layers")
+    sweep.set_defaults(handler=run_sweep_command, subparser=sweep)
+
+    tune = commands.add_parser("tune", help="measure this machine and pick each method's budget (--budget auto)")
+    add_model_arguments(tune)
+    tune.add_argument("--methods", default="talon,eagle,chain", help="some of " + ", ".join(TUNE_METHODS))
+    tune.add_argument("--calibration-datasets", default="mt_bench,gsm8k,humaneval")
+    tune.add_argument("--calibration-prompts", type=int, default=3, help="prompts decoded per configuration")
+    tune.add_argument("--calibration-tokens", type=int, default=24, help="new tokens per calibration prompt")
+    tune.add_argument("--repeats", type=int, default=5, help="timed forwards per size (median)")
+    tune.add_argument("--context", type=int, default=200, help="cache length of the timed forwards")
+    tune.add_argument("--verify-sizes", default=None, help="tree sizes T to time the target on (default 1..128)")
+    tune.add_argument("--draft-widths", default=None, help="frontier widths to time the draft on (default 1..64)")
+    tune.add_argument("--talon-budgets", default=None, help="default 4,6,8,12,16,24,32")
+    tune.add_argument("--talon-mus", default=None, help="default 0.01,0.03,0.1")
+    tune.add_argument("--talon-topks", default=None, help="default 4")
+    tune.add_argument("--eagle-depths", default=None, help="default 2,3,4,5,6")
+    tune.add_argument("--eagle-budgets", default=None, help="default 6,8,12,16,24,32")
+    tune.add_argument("--eagle-topks", default=None, help="default 2,4,8")
+    tune.add_argument("--chain-depths", default=None, help="default 1,2,3,4,5,6")
+    tune.add_argument("--static-budgets", default=None, help="default 4,6,8,12,16,24,32")
+    tune.add_argument("--tolerance", type=float, default=0.0,
+                      help="prefer the smallest budget within this fraction of the best prediction")
+    tune.add_argument("--no-progress", action="store_true")
+    tune.set_defaults(handler=run_tune_command, subparser=tune)
+
+
+def _add_run_arguments(parser: argparse.ArgumentParser, datasets: str, limit: int, max_new_tokens: int, out: str) -> None:
+    parser.add_argument("--datasets", default=None,
+                        help=f"comma-separated, some of {', '.join(DATASETS)} or all (default: {datasets}; "
+                             "none when only --data is given)")
+    parser.set_defaults(default_datasets=datasets)
+    parser.add_argument("--data", action="append", default=[], metavar="FILE.jsonl",
+                        help="extra prompt file, one JSON object with a 'turns' list per line (repeatable)")
+    parser.add_argument("--limit", type=int, default=limit, help=f"prompts per dataset (default {limit})")
+    parser.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
+    parser.add_argument("--seed", type=int, default=0, help="prompt turn i samples with seed + i (every method alike)")
+    parser.add_argument("--warmup-tokens", type=int, default=8, help="untimed warm-up generation per method")
+    parser.add_argument("--out", default=None, help=f"output folder (default runs/{out}-<time>)")
+    parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument("--no-progress", action="store_true")
+
+
+# ---------------------------------------------------------------------------------------------- bench
+
+
+def run_bench_command(args: argparse.Namespace) -> int:
+    """``talon bench``: validate, load the models once, run, write everything, print the table."""
+    _configure_threads(args)
+    prompts, decoding = _prompts_and_decoding(args)
+    methods = parse_methods(args.methods)
+    if args.drafter != "model" and "hf-assisted" in methods:
+        raise TalonError("methods: hf-assisted needs the draft model (--drafter model)")
+    variants = bench_variants(methods, _method_overrides(args), tuned=_tuned_lookup(args))
+    generator = _load_generator(args)
+    return _run_and_write(args, generator, prompts, variants, decoding, kind="bench")
+
+
+def _method_overrides(args: argparse.Namespace) -> dict[str, dict]:
+    """Per-method TreeConfig fields from the flags; ``--budget auto`` makes every unset tuned flag auto."""
+    overrides = {
+        "talon": {"budget": args.talon_budget, "mu": args.talon_mu, "topk": args.talon_topk},
+        "eagle": {"budget": args.eagle_budget, "topk": args.eagle_topk, "depth": args.eagle_depth},
+        "chain": {"depth": args.chain_depth},
+        "static": {"budget": args.static_budget},
+    }
+    if args.budget == AUTO:
+        for method, name in TUNED_KEY.items():
+            if overrides[method][name] is None:
+                overrides[method][name] = AUTO
+    return overrides
+
+
+def _tuned_lookup(args: argparse.Namespace):
+    from .tune import tuned_tree_options
+
+    return lambda method: tuned_tree_options(method, args.target, args.draft, args.dtype)
+
+
+# ---------------------------------------------------------------------------------------------- sweep
+
+
+def run_sweep_command(args: argparse.Namespace) -> int:
+    """``talon sweep``: the grid of configurations, run like a benchmark."""
+    from .sweep import sweep_variants
+
+    _configure_threads(args)
+    prompts, decoding = _prompts_and_decoding(args)
+    methods = parse_methods(args.methods, SWEEP_METHODS)
+    variants = sweep_variants(
+        methods, _numbers("budgets", args.budgets, int), _numbers("mus", args.mus, float),
+        _numbers("talon-topks", args.talon_topks, int), _numbers("eagle-topks", args.eagle_topks, int),
+        _numbers("eagle-depths", args.eagle_depths, int),
+    )
+    generator = _load_generator(args)
+    return _run_and_write(args, generator, prompts, variants, decoding, kind="sweep")
+
+
+# ---------------------------------------------------------------------------------------------- shared
+
+
+def _configure_threads(args: argparse.Namespace) -> None:
+    """Fixed thread count: ``--threads`` or every core this process may use."""
+    from ..cli import configure_torch
+    from .machine import available_cores
+
+    if args.threads is None:
+        args.threads = available_cores()
+    configure_torch(args)
+
+
+def _prompts_and_decoding(args: argparse.Namespace):
+    if isinstance(args.max_new_tokens, bool) or args.max_new_tokens < 1:
+        raise bad_argument("max-new-tokens", args.max_new_tokens, "an integer >= 1")
+    if args.temperature < 0:
+        raise bad_argument("temperature", args.temperature, "a number >= 0 (0 = greedy)")
+    if args.seed < 0:
+        raise bad_argument("seed", args.seed, "an integer >= 0")
+    if args.warmup_tokens < 0:
+        raise bad_argument("warmup-tokens", args.warmup_tokens, "an integer >= 0")
+    datasets_text = args.datasets if args.datasets is not None else ("" if args.data else args.default_datasets)
+    datasets = parse_dataset_names(datasets_text)
+    prompts = load_prompts(datasets, args.limit, args.data)
+    return prompts, Decoding(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed)
+
+
+def _load_generator(args: argparse.Namespace):
+    from ..generator import SpeculativeGenerator
+
+    return SpeculativeGenerator(args.target, args.draft, tree="talon", drafter=args.drafter, dtype=args.dtype,
+                                device=args.device)
+
+
+def _run_and_write(args, generator, prompts, variants, decoding: Decoding, kind: str) -> int:
+    from . import plots, report
+    from .results import build_results, write_results
+    from .runner import run_bench
+
+    out_dir = pathlib.Path(args.out or f"runs/{kind}-{datetime.datetime.now():%Y%m%d-%H%M%S}")
+    records = run_bench(generator, prompts, variants, decoding, warmup_tokens=args.warmup_tokens,
+                        progress=not args.no_progress, description=kind)
+    settings = {
+        "datasets": list(dict.fromkeys(p.dataset for p in prompts)), "data_files": list(args.data),
+        "limit": args.limit, "warmup_tokens": args.warmup_tokens, "target": _model_label(args.target, "target"),
+        "draft": _model_label(args.draft, "draft"), "drafter": args.drafter, "requested_dtype": args.dtype,
+        "arguments": _arguments(args),
+    }
+    results = build_results(records, variants, decoding, settings, kind=kind, command=command_line(args),
+                            generator=generator)
+    json_path = write_results(results, records, out_dir)
+    print(report.summary_table(results["summary"]))
+    plot_files = []
+    if not args.no_plots:
+        plot_files = plots.write_bench_plots(results, out_dir / "plots") if kind == "bench" else \
+            [p for p in [plots.plot_sweep(results, out_dir / "plots" / "sweep.png")] if p is not None]
+    writer = report.write_markdown if kind == "bench" else report.write_sweep_markdown
+    markdown = writer(results, out_dir, plot_files)
+    print(f"\nwrote {json_path}, {markdown}" + (f" and {len(plot_files)} plots in {out_dir / 'plots'}" if plot_files else ""),
+          file=sys.stderr)
+    return 0
+
+
+def _model_label(name: str | None, role: str) -> str:
+    from .profiles import model_name
+
+    return model_name(name, role)
+
+
+def _arguments(args: argparse.Namespace) -> dict:
+    return {k: v for k, v in vars(args).items() if k not in ("handler", "subparser", "default_datasets")}
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The command as typed when run from the ``talon`` script, else rebuilt from the parsed flags."""
+    if sys.argv[1:2] == [args.command]:
+        return "talon " + shlex.join(sys.argv[1:])
+    words = ["talon", args.command]
+    for action in args.subparser._actions:
+        if not action.option_strings or action.dest in ("help",):
+            continue
+        value = getattr(args, action.dest, None)
+        if value is None or value is False or value == [] or value == action.default:
+            continue
+        flag = action.option_strings[-1]
+        if value is True:
+            words.append(flag)
+        elif isinstance(value, list):
+            for item in value:
+                words += [flag, str(item)]
+        else:
+            words += [flag, str(value)]
+    return shlex.join(words)
+
+
+def _numbers(name: str, text: str | None, kind: type) -> list:
+    """Comma-separated numbers of ``kind``; TalonError naming the flag otherwise."""
+    items = split_list(text)
+    expected = "comma-separated " + ("integers" if kind is int else "numbers")
+    if not items:
+        raise bad_argument(name, text, expected)
+    try:
+        return [kind(item) for item in items]
+    except ValueError:
+        raise bad_argument(name, text, expected) from None
+
+
+def _int_or_auto(text: str):
+    if text == AUTO:
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
+
+
+def _auto_only(text: str):
+    if text != AUTO:
+        raise argparse.ArgumentTypeError(f"expected 'auto' (per-method numbers: --talon-budget, ...), got {text!r}")
+    return text
+
+
+# ---------------------------------------------------------------------------------------------- tune
+
+
+def run_tune_command(args: argparse.Namespace) -> int:
+    """``talon tune``: measure, calibrate, choose, save the profile, print the table."""
+    from .profiles import profile_key, save_profile
+    from .tuner import TuneSettings, profile_table, run_tune
+    from .tune import DEFAULT_STAGES, DRAFT_WIDTHS, VERIFY_SIZES
+
+    _configure_threads(args)
+    methods = parse_methods(args.methods, TUNE_METHODS)
+    if args.drafter != "model":
+        raise TalonError("drafter: talon tune measures the draft model (--drafter model)")
+    for name in ("calibration_prompts", "calibration_tokens", "repeats", "context"):
+        value = getattr(args, name)
+        if value < 1:
+            raise bad_argument(name.replace("_", "-"), value, "an integer >= 1")
+    if not 0 <= args.tolerance < 1:
+        raise bad_argument("tolerance", args.tolerance, "a number in [0, 1)")
+    stages = {method: _stages(args, method, DEFAULT_STAGES[method]) for method in methods}
+    calibration_datasets = parse_dataset_names(args.calibration_datasets)
+    if not calibration_datasets:
+        raise bad_argument("calibration-datasets", args.calibration_datasets, "some of " + ", ".join(DATASETS))
+    settings = TuneSettings(
+        verify_sizes=tuple(_positive("verify-sizes", args.verify_sizes, VERIFY_SIZES)),
+        draft_widths=tuple(_positive("draft-widths", args.draft_widths, DRAFT_WIDTHS)),
+        context=args.context, repeats=args.repeats, calibration_datasets=tuple(calibration_datasets),
+        calibration_prompts=args.calibration_prompts, calibration_tokens=args.calibration_tokens,
+        tolerance=args.tolerance, stages=stages,
+    )
+    key = profile_key(args.target, args.draft, args.dtype, args.device, args.threads)
+    generator = _load_generator(args)
+    key["dtype"] = str(generator.target.dtype).replace("torch.", "")
+    profile = run_tune(generator, methods, settings, key, progress=not args.no_progress)
+    profile["command"] = command_line(args)
+    path = save_profile(profile)
+    print(profile_table(profile))
+    print()
+    for method in methods:
+        entry = profile["methods"][method]
+        options = ", ".join(f"{k}={v}" for k, v in entry["best"].items() if k in _tuned_fields(method))
+        print(f"{method}: {options}  (predicted {entry['predicted_tokens_per_s']:.2f} tok/s)")
+    print(f"\nprofile written to {path}; use it with --budget auto", file=sys.stderr)
+    return 0
+
+
+def _tuned_fields(method: str) -> tuple[str, ...]:
+    from .tune import TUNED_FIELDS
+
+    return TUNED_FIELDS[method]
+
+
+def _positive(name: str, text: str | None, default) -> list[int]:
+    if text is None:
+        return list(default)
+    values = _numbers(name, text, int)
+    if min(values) < 1:
+        raise bad_argument(name, text, "comma-separated integers >= 1")
+    return values
+
+
+def _stages(args: argparse.Namespace, method: str, defaults) -> tuple:
+    """The method's search stages, each stage's values from its flag (``--talon-budgets``...) or the default;
+    every resulting TreeConfig is validated now, before any model loads."""
+    from ..config import TreeConfig
+
+    stages = []
+    for name, values in defaults:
+        flag = f"{method}-{name}s" if name != "mu" else f"{method}-mus"
+        text = getattr(args, flag.replace("-", "_"), None)
+        if text is not None:
+            values = tuple(_numbers(flag, text, float if name == "mu" else int))
+        for value in values:
+            try:
+                TreeConfig(method=method, **{name: value})
+            except TalonError as error:
+                raise TalonError(f"{flag}: {error}") from None
+        stages.append((name, tuple(values)))
+    return tuple(stages)

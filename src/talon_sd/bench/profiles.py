@@ -1,0 +1,137 @@
+"""Per-machine tuning profiles written by ``talon tune`` and read by ``--budget auto``.
+
+A profile is one JSON file ``<cache>/profiles/<target>--<draft>--<dtype>--<hash>.json`` where
+``<cache>`` is :func:`talon_sd.models.cache_dir` (``$TALON_SD_CACHE`` or ``~/.cache/talon-sd``) and
+``<hash>`` hashes the key::
+
+    {"cpu": "<CPU model>", "threads": <torch threads>, "device": "cpu" | "cuda:<GPU name>",
+     "target": "<model name>", "draft": "<model name>", "dtype": "bfloat16" | "float32" | ...}
+
+Profile file::
+
+    {"format": 1, "key": {...}, "created", "machine", "versions", "settings": {...tune settings},
+     "cost_curve": {"verify": {"T": s}, "draft": {"w": s}, "draft_root": {"w": s}},
+     "ar": {AcceptancePoint, "predicted_tokens_per_s"} | null,
+     "methods": {"talon": {"best": {TreeConfig fields}, "predicted_tokens_per_s",
+                           "candidates": [{AcceptancePoint..., "predicted_tokens_per_s"}]}, ...}}
+
+Lookup (:func:`find_profile`) wants the same key; when only the thread count differs it takes the
+profile with the nearest thread count (same CPU, device, models and dtype). Saving merges with an
+existing profile of the same key: methods not re-tuned are kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+import re
+
+PROFILE_FORMAT = 1
+
+
+def cache_root() -> pathlib.Path:
+    """:func:`talon_sd.models.cache_dir`, or the same rule when that module is unavailable."""
+    try:
+        from ..models import cache_dir
+
+        return cache_dir()
+    except (ImportError, AttributeError):
+        configured = os.environ.get("TALON_SD_CACHE")
+        return pathlib.Path(configured).expanduser() if configured else pathlib.Path.home() / ".cache" / "talon-sd"
+
+
+def profiles_dir() -> pathlib.Path:
+    return cache_root() / "profiles"
+
+
+def model_name(name: str | None, role: str) -> str:
+    """The name a profile records: the default model for None, an absolute path for local files."""
+    if name is None:
+        try:
+            from .. import models
+
+            return models.DEFAULT_TARGET if role == "target" else models.DEFAULT_DRAFT
+        except (ImportError, AttributeError):
+            return "qwen2.5-coder-1.5b-instruct" if role == "target" else "qwen2.5-coder-0.5b-instruct"
+    path = pathlib.Path(name).expanduser()
+    if path.exists():
+        return str(path.resolve())
+    return name
+
+
+def dtype_name(dtype, device=None) -> str:
+    """``"auto"``/None resolved as the loader would; ``bf16`` -> ``bfloat16``; a torch.dtype -> its name."""
+    import torch
+
+    from .. import models
+
+    if not isinstance(dtype, torch.dtype):
+        dtype = models.resolve_dtype(dtype or "auto", models.resolve_device(device))
+    return str(dtype).replace("torch.", "")
+
+
+def profile_key(target: str | None, draft: str | None, dtype, device=None, threads: int | None = None) -> dict:
+    """The key of the profile for this machine, model pair and dtype."""
+    from .. import models
+    from .machine import machine_key
+
+    resolved_device = models.resolve_device(device)
+    return {**machine_key(resolved_device, threads), "target": model_name(target, "target"),
+            "draft": model_name(draft, "draft"), "dtype": dtype_name(dtype, resolved_device)}
+
+
+def profile_path(key: dict) -> pathlib.Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    parts = [pathlib.Path(key["target"]).name, pathlib.Path(key["draft"]).name, key["dtype"], digest]
+    slug = "--".join(re.sub(r"[^A-Za-z0-9._-]+", "_", part) for part in parts)
+    return profiles_dir() / f"{slug}.json"
+
+
+def _read(path: pathlib.Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("format") == PROFILE_FORMAT else None
+
+
+def find_profile(key: dict) -> tuple[dict, pathlib.Path] | None:
+    """(profile, path) for ``key``: exact, else same key but the nearest thread count; None if none."""
+    path = profile_path(key)
+    exact = _read(path)
+    if exact is not None and exact.get("key") == key:
+        return exact, path
+    folder = profiles_dir()
+    if not folder.is_dir():
+        return None
+    others = []
+    for candidate in sorted(folder.glob("*.json")):
+        data = _read(candidate)
+        other = (data or {}).get("key") or {}
+        if other and all(other.get(k) == v for k, v in key.items() if k != "threads"):
+            others.append((abs(int(other.get("threads", 0)) - int(key["threads"])), candidate.name, data, candidate))
+    if not others:
+        return None
+    _, _, data, candidate = min(others, key=lambda item: (item[0], item[1]))
+    return data, candidate
+
+
+def save_profile(profile: dict, path: pathlib.Path | None = None) -> pathlib.Path:
+    """Write ``profile`` (merged with an existing one of the same key) atomically; returns its path."""
+    path = path or profile_path(profile["key"])
+    previous = _read(path)
+    if previous is not None and previous.get("key") == profile["key"]:
+        methods = {**previous.get("methods", {}), **profile.get("methods", {})}
+        profile = {**profile, "methods": methods}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(profile, indent=1) + "\n")
+    os.replace(temporary, path)
+    return path
+
+
+def tune_command(key: dict) -> str:
+    """The ``talon tune`` command that writes the profile of ``key``."""
+    return f"talon tune --target {key['target']} --draft {key['draft']} --dtype {key['dtype']} --threads {key['threads']}"

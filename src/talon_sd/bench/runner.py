@@ -1,0 +1,133 @@
+"""The benchmark loop: every variant on every prompt, interleaved prompt by prompt.
+
+Contract
+--------
+:func:`run_bench` takes a ready :class:`~talon_sd.generator.SpeculativeGenerator` (any models: the
+packaged Qwen pair, or tiny test models with ``tokenizer=None`` and :class:`Prompt` s holding
+``input_ids``), the prompts, the variants and one :class:`Decoding`, and returns one
+:class:`SampleRecord` per (prompt turn, variant), nothing else changed.
+
+* **Interleaving.** For each prompt turn (a *sample*) every variant runs once, before the next
+  sample starts, so that machine drift (thermal, other load) hits every method alike; the order of
+  the variants rotates by one at each sample, so that no method is always first after a switch.
+* **Warm-up.** Before any timing, each variant generates ``warmup_tokens`` tokens once for the
+  first prompt (first-call allocations, lazy initialisation), untimed.
+* **Multi-turn prompts** (MT-Bench) are real conversations: turn k is sent after the user turns
+  1..k-1 and the model's own answers to them. The answer used is the one of the *reference* variant
+  (``ar``, the target's own decoding; the first variant if there is no ``ar``), so that every method
+  is timed on the same turn-k prompt and greedy outputs stay comparable token for token.
+* **Seeds.** Sample i uses seed ``decoding.seed + i`` for every variant (sampling mode).
+* ``identical_to_ar`` (greedy mode only): the variant's token ids equal ``ar``'s for that sample.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+import torch
+
+from .datasets import Prompt
+from .methods import Decoding, Outcome, Variant, run_variant
+
+
+@dataclass
+class SampleRecord:
+    """One timed generation of one variant for one prompt turn."""
+
+    index: int  # sample number in run order (one per prompt turn)
+    dataset: str
+    question_id: str
+    turn: int  # 1-based
+    label: str
+    method: str
+    prompt_tokens: int
+    seed: int
+    outcome: Outcome
+    text: str
+    identical_to_ar: bool | None  # None in sampling mode or without an ar variant
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.outcome.token_ids)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.outcome.seconds if self.outcome.seconds > 0 else 0.0
+
+
+def count_samples(prompts: Sequence[Prompt]) -> int:
+    """Prompt turns in ``prompts`` (each runs once per variant)."""
+    return sum(prompt.num_turns for prompt in prompts)
+
+
+def run_bench(generator, prompts: Sequence[Prompt], variants: Sequence[Variant], decoding: Decoding,
+              warmup_tokens: int = 8, progress: bool = True, description: str = "bench") -> list[SampleRecord]:
+    """Run every variant on every prompt turn (see the module contract)."""
+    labels = [variant.label for variant in variants]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"variant labels must be unique, got {labels}")
+    ar_label = next((v.label for v in variants if v.method == "ar"), None)
+    reference_label = ar_label or labels[0]
+    total = count_samples(prompts) * len(variants)
+    bar = _progress_bar(total, description, progress)
+    if warmup_tokens > 0 and prompts:
+        bar.set_postfix_str("warm-up")
+        warm = replace(decoding, max_new_tokens=warmup_tokens)
+        first_ids = prompt_ids(generator, prompts[0], [], 0)
+        for variant in variants:
+            run_variant(generator, variant, first_ids, warm, decoding.seed)
+    records: list[SampleRecord] = []
+    index = 0
+    try:
+        for prompt in prompts:
+            history: list[dict] = []
+            for turn in range(prompt.num_turns):
+                ids = prompt_ids(generator, prompt, history, turn)
+                seed = decoding.seed + index
+                outcomes: dict[str, Outcome] = {}
+                shift = index % len(variants)
+                for variant in list(variants[shift:]) + list(variants[:shift]):
+                    bar.set_postfix_str(f"{prompt.dataset} #{prompt.question_id} t{turn + 1} {variant.label}")
+                    outcomes[variant.label] = run_variant(generator, variant, ids, decoding, seed)
+                    bar.update(1)
+                ar_tokens = outcomes[ar_label].token_ids if ar_label and decoding.greedy else None
+                for variant in variants:
+                    outcome = outcomes[variant.label]
+                    records.append(SampleRecord(
+                        index=index, dataset=prompt.dataset, question_id=prompt.question_id, turn=turn + 1,
+                        label=variant.label, method=variant.method, prompt_tokens=int(ids.numel()), seed=seed,
+                        outcome=outcome, text=text_of(generator, outcome.token_ids),
+                        identical_to_ar=None if ar_tokens is None else outcome.token_ids == ar_tokens,
+                    ))
+                if prompt.input_ids is None:
+                    answer = text_of(generator, outcomes[reference_label].token_ids)
+                    history = history + [{"role": "user", "content": prompt.turns[turn]},
+                                         {"role": "assistant", "content": answer}]
+                index += 1
+    finally:
+        bar.close()
+    return records
+
+
+def prompt_ids(generator, prompt: Prompt, history: list[dict], turn: int) -> torch.Tensor:
+    """Token ids [L] of turn ``turn`` of ``prompt`` after the conversation ``history`` (chat template applied)."""
+    if prompt.input_ids is not None:
+        return generator._prompt_ids(None, list(prompt.input_ids))
+    messages = history + [{"role": "user", "content": prompt.turns[turn]}]
+    return generator._prompt_ids(messages, None)
+
+
+def text_of(generator, token_ids: list[int]) -> str:
+    """Decoded text (special tokens dropped), or the ids joined by spaces without a tokenizer."""
+    if generator.tokenizer is None:
+        return " ".join(map(str, token_ids))
+    return generator.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+
+def _progress_bar(total: int, description: str, enabled: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=description, unit="gen", file=sys.stderr, disable=not enabled,
+                dynamic_ncols=True, mininterval=1.0)

@@ -1,0 +1,344 @@
+"""The benchmark, the sweep and the tuner on tiny random models (no download, seconds on 2 cores).
+
+Timings are never asserted: only that every method runs, outputs are lossless where the library
+guarantees it, and the files (results.json, outputs.jsonl, report.md, plots) are complete and valid.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+import torch
+
+from conftest import noisy_copy, tiny_model
+from talon_sd.bench import cli as bench_cli
+from talon_sd.bench.datasets import DATASETS, load_jsonl, load_prompts, parse_dataset_names, prompts_from_ids
+from talon_sd.bench.methods import METHODS, Decoding, bench_variants, parse_methods
+from talon_sd.bench.results import SCHEMA, build_results
+from talon_sd.bench.runner import run_bench
+from talon_sd.bench.tune import (AcceptancePoint, CostCurve, choose_budget, coordinate_search, interpolate,
+                                 predicted_tokens_per_s, tuned_tree_options)
+from talon_sd.cli import main
+from talon_sd.config import TreeConfig
+from talon_sd.errors import TalonError
+from talon_sd.generator import SpeculativeGenerator
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+class WordTokenizer:
+    """A stand-in tokenizer: one id per whitespace-separated word (hashed into the tiny vocabulary),
+    a chat template that marks each message with id 0, and a decode that names the ids."""
+
+    chat_template = "word-hash"
+    eos_token_id = 1
+
+    def __init__(self, vocab: int = 96, max_tokens: int = 160) -> None:
+        self.vocab, self.max_tokens = vocab, max_tokens
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True):
+        ids = []
+        for message in messages:
+            ids += [0] + [3 + sum(map(ord, word)) % (self.vocab - 3) for word in message["content"].split()]
+        return ids[-self.max_tokens:]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(f"w{i}" for i in ids if not (skip_special_tokens and i < 3))
+
+
+@pytest.fixture(scope="module")
+def generator():
+    target = tiny_model("qwen2", seed=3)
+    return SpeculativeGenerator.from_models(target, noisy_copy(target, 0.3, seed=4), WordTokenizer(), tree="talon")
+
+
+@pytest.fixture(autouse=True)
+def restore_threads(monkeypatch, tmp_path):
+    """CLI runs set torch's thread count and may write profiles: undo both after each test."""
+    threads = torch.get_num_threads()
+    monkeypatch.setenv("TALON_SD_CACHE", str(tmp_path / "cache"))
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def use_generator(monkeypatch, generator):
+    """Make the CLI use the tiny generator instead of loading the packaged models."""
+    monkeypatch.setattr(bench_cli, "_load_generator", lambda args: generator)
+    return generator
+
+
+@pytest.fixture
+def no_models(monkeypatch):
+    """Fail the test if the CLI tries to load models (bad arguments must be caught before)."""
+    def refuse(args):
+        raise AssertionError("models loaded before the arguments were checked")
+
+    monkeypatch.setattr(bench_cli, "_load_generator", refuse)
+
+
+# ------------------------------------------------------------------------------------------ bench
+
+
+def test_bench_cli_runs_every_method_end_to_end(use_generator, tmp_path, capsys):
+    data = tmp_path / "mine.jsonl"
+    data.write_text(json.dumps({"question_id": 7, "turns": ["Write a haiku about tiny models."]}) + "\n")
+    out = tmp_path / "run"
+    status = main(["bench", "--datasets", "mt_bench", "--data", str(data), "--limit", "1", "--max-new-tokens", "16",
+                   "--methods", ",".join(METHODS), "--threads", "1", "--warmup-tokens", "4", "--no-progress",
+                   "--out", str(out)])
+    assert status == 0
+    table = capsys.readouterr().out
+    assert "talon" in table and "hf-assisted" in table
+
+    results = json.loads((out / "results.json").read_text())
+    assert results["schema"] == SCHEMA and results["kind"] == "bench"
+    assert results["command"].startswith("talon bench") and "--max-new-tokens 16" in results["command"]
+    for key in ("cpu", "available_cores", "torch_threads"):
+        assert key in results["machine"]
+    assert results["versions"]["torch"] == torch.__version__
+    settings = results["settings"]
+    assert settings["mode"] == "greedy" and settings["threads"] == 1 and settings["dtype"] == "float32"
+    assert settings["hf_assistant"]["num_assistant_tokens"] is not None
+    assert [v["label"] for v in results["variants"]] == list(METHODS)
+    assert results["variants"][-1]["tree"]["budget"] == TreeConfig("talon").budget
+
+    # 2 prompts: MT-Bench #81 (two turns, the second after ar's own answer) and the data file's one.
+    samples = results["samples"]
+    assert len(samples) == 3 * len(METHODS)
+    assert {(s["dataset"], s["turn"]) for s in samples} == {("mt_bench", 1), ("mt_bench", 2), ("mine", 1)}
+    first, second = (next(s for s in samples if s["label"] == "ar" and s["turn"] == t and s["dataset"] == "mt_bench")
+                     for t in (1, 2))
+    assert second["prompt_tokens"] > first["prompt_tokens"]
+    assert all(s["new_tokens"] >= 1 and s["seconds"] > 0 for s in samples)
+
+    rows = {(r["dataset"], r["label"]): r for r in results["summary"]}
+    assert set(rows) == {(d, m) for d in ("mt_bench", "mine", "all") for m in METHODS}
+    for dataset in ("mt_bench", "mine", "all"):
+        assert rows[(dataset, "ar")]["speedup"] == pytest.approx(1.0)
+        for method in ("ar", "chain", "static", "eagle", "talon"):  # lossless: greedy = ar, token for token
+            row = rows[(dataset, method)]
+            assert row["identical_to_ar"] == 1.0
+            assert row["mat"] >= 1.0 and set(row["time_share"]) == {"prefill", "draft", "build", "verify", "other"}
+            assert row["mean_layer_width"][0] == 1.0 and row["speedup_median"] > 0
+        for method in ("hf", "hf-assisted"):
+            row = rows[(dataset, method)]
+            assert row["mat"] is None and row["tokens_per_s"] > 0 and 0.0 <= row["identical_to_ar"] <= 1.0
+    assert rows[("all", "talon")]["depth_acceptance"] and rows[("all", "talon")]["tree_depth_hist"]
+
+    outputs = [json.loads(line) for line in (out / "outputs.jsonl").read_text().splitlines()]
+    assert len(outputs) == len(samples) and all("text" in o and o["token_ids"] for o in outputs)
+    for name in ("speedup", "tree_shape", "mat_delta"):
+        assert (out / "plots" / f"{name}.png").read_bytes()[:8] == PNG_MAGIC
+    report = (out / "report.md").read_text()
+    assert results["command"] in report and "](plots/speedup.png)" in report and "## Goals" in report
+
+
+def test_bench_in_sampling_mode_from_python(generator):
+    prompts = prompts_from_ids("ids", [[5, 17, 42, 8, 9], [33, 12, 7]])
+    variants = bench_variants(["hf", "talon", "eagle"])
+    decoding = Decoding(max_new_tokens=10, temperature=1.0, seed=3)
+    records = run_bench(generator, prompts, variants, decoding, warmup_tokens=0, progress=False)
+    assert [r.label for r in records[:3]] == ["ar", "hf", "talon", "eagle"][:3]
+    assert len(records) == 2 * 4 and all(r.identical_to_ar is None for r in records)
+    assert {r.seed for r in records if r.index == 1} == {4}  # one seed per prompt, shared by every method
+    results = build_results(records, variants, decoding, {}, generator=generator)
+    assert results["settings"]["mode"] == "sample"
+    assert all(row["identical_to_ar"] is None and row["speedup"] > 0 for row in results["summary"])
+    json.dumps(results)
+
+
+def test_sweep_cli_plots_speedup_against_budget(use_generator, tmp_path):
+    out = tmp_path / "sweep"
+    status = main(["sweep", "--datasets", "gsm8k", "--limit", "1", "--max-new-tokens", "8", "--budgets", "4,8",
+                   "--mus", "0.03,0.1", "--eagle-depths", "2", "--threads", "1", "--no-progress", "--out", str(out)])
+    assert status == 0
+    results = json.loads((out / "results.json").read_text())
+    labels = [v["label"] for v in results["variants"]]
+    assert results["kind"] == "sweep" and labels[0] == "ar" and len(labels) == 1 + 2 * 2 + 2
+    assert "talon(N=8,K=4,mu=0.1)" in labels and "eagle(N=4,K=4,D=2)" in labels
+    assert (out / "plots" / "sweep.png").read_bytes()[:8] == PNG_MAGIC
+    assert "](plots/sweep.png)" in (out / "report.md").read_text()
+
+
+# ------------------------------------------------------------------------------------------ bad arguments
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--datasets", "mt_bench,foo"], "datasets: got 'foo', expected some of mt_bench, alpaca"),
+    (["--methods", "talon,medusa"], "methods: got 'medusa', expected some of ar, hf, hf-assisted"),
+    (["--data", "/nonexistent/prompts.jsonl"], "data: cannot read '/nonexistent/prompts.jsonl'"),
+    (["--limit", "0"], "limit: got 0, expected an integer >= 1"),
+    (["--limit", "-3"], "limit: got -3, expected an integer >= 1"),
+    (["--max-new-tokens", "0"], "max-new-tokens: got 0"),
+    (["--talon-budget", "1"], "budget: got 1, expected an integer >= 2"),
+    (["--budget", "auto"], "budget: 'auto' needs a tuned profile; run `talon tune"),
+])
+def test_bench_bad_arguments_fail_before_loading_models(no_models, capsys, argv, message):
+    assert main(["bench", "--threads", "1", *argv]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("talon: error: ") and message in error and "\n" not in error
+
+
+def test_bad_data_files_and_names_raise_talon_errors(tmp_path):
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"turns": ["fine"]}\nnot json\n')
+    with pytest.raises(TalonError, match=r"data: line 2 of .* is not valid JSON"):
+        load_jsonl(broken)
+    no_turns = tmp_path / "no_turns.jsonl"
+    no_turns.write_text('{"question": "where are the turns?"}\n')
+    with pytest.raises(TalonError, match="not a JSON object with a non-empty 'turns' list"):
+        load_jsonl(no_turns)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    with pytest.raises(TalonError, match="holds no prompt"):
+        load_jsonl(empty)
+    with pytest.raises(TalonError, match="limit: got 0"):
+        load_prompts(["gsm8k"], limit=0)
+    with pytest.raises(TalonError, match="datasets: none chosen"):
+        load_prompts([], limit=1)
+    with pytest.raises(TalonError, match="methods: got 'eagle3'"):
+        parse_methods("talon,eagle3")
+    assert parse_dataset_names("all") == list(DATASETS)
+
+
+def test_packaged_datasets_load_with_their_attribution():
+    prompts = load_prompts(DATASETS, limit=2)
+    assert [p.dataset for p in prompts] == [d for d in DATASETS for _ in range(2)]
+    assert all(p.turns and all(t.strip() for t in p.turns) for p in prompts)
+    assert all(p.num_turns == 2 for p in prompts if p.dataset == "mt_bench")
+    import talon_sd
+
+    sources = pathlib.Path(talon_sd.__file__).parent / "data" / "SOURCES.md"
+    assert "SafeAILab/EAGLE" in sources.read_text() and "Apache" in sources.read_text()
+
+
+def test_tune_bad_arguments_fail_before_loading_models(no_models, capsys):
+    assert main(["tune", "--threads", "1", "--talon-budgets", "8,x"]) == 2
+    assert "talon-budgets: got '8,x', expected comma-separated integers" in capsys.readouterr().err
+    assert main(["tune", "--threads", "1", "--talon-mus", "0.03,2"]) == 2
+    assert "talon-mus: mu: got 2.0, expected a number in (0, 1]" in capsys.readouterr().err
+    assert main(["tune", "--threads", "1", "--methods", "ar"]) == 2
+    assert "methods: got 'ar'" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------ tuner
+
+
+def cpu_like_costs() -> CostCurve:
+    """Verification about flat up to 16 tokens, then linear (this CPU, bf16); a cheap draft."""
+    verify = {1: 0.160, 4: 0.160, 8: 0.162, 16: 0.170, 32: 0.270, 64: 0.430, 128: 0.730}
+    return CostCurve(verify=verify, draft={1: 0.020, 8: 0.022, 16: 0.025, 64: 0.060}, draft_root={1: 0.020, 4: 0.021})
+
+
+def gpu_like_costs() -> CostCurve:
+    """Verification flat up to 128 tokens (a big GPU), a negligible draft."""
+    return CostCurve(verify={1: 0.020, 128: 0.021}, draft={1: 0.001, 64: 0.001})
+
+
+def talon_point(budget: int, mat: float, mu: float = 0.03, layers: int = 3) -> AcceptancePoint:
+    """A synthetic calibration: a tree of exactly ``budget`` nodes, ``layers`` draft forwards per step."""
+    widths = {min(4, budget - 1): layers - 1} if layers > 1 else {}
+    return AcceptancePoint("talon", {"budget": budget, "mu": mu, "topk": 4, "depth": 0}, mat=mat,
+                           tree_sizes={budget: 1.0}, draft_widths=widths, root_widths={2: 1.0})
+
+
+# MAT grows with N and saturates (a longer tree pays off less and less).
+ACCEPTANCE_CURVE = [talon_point(n, m) for n, m in ((4, 1.9), (8, 2.4), (16, 2.8), (32, 3.1), (64, 3.3), (96, 3.35))]
+
+
+def test_choose_budget_picks_the_n_where_verification_stops_being_free():
+    choice = choose_budget(cpu_like_costs(), ACCEPTANCE_CURVE)
+    assert choice.options["budget"] == 16  # beyond 16 tokens the verify cost grows faster than MAT
+    rates = {p.options["budget"]: rate for p, rate in choice.ranking}
+    draft_4 = 0.020 + (0.022 - 0.020) * (4 - 1) / (8 - 1)  # two frontier forwards of width 4
+    root_2 = 0.020 + (0.021 - 0.020) * (2 - 1) / (4 - 1)  # one root forward of 2 committed tokens
+    expected_16 = 2.8 / (0.170 + 2 * draft_4 + root_2)  # MAT / (verify + drafts)
+    assert rates[16] == pytest.approx(expected_16)
+    assert rates[16] > rates[8] > rates[4] and rates[16] > rates[32] > rates[64]
+    assert choice.tokens_per_s == pytest.approx(max(rates.values()))
+    # The same acceptance on a machine with flat verification: the biggest tree wins.
+    assert choose_budget(gpu_like_costs(), ACCEPTANCE_CURVE).options["budget"] == 96
+    # With a tolerance, the smallest tree within that fraction of the best is preferred.
+    smallest = min(n for n, rate in rates.items() if rate >= 0.85 * rates[16])
+    assert smallest < 16
+    assert choose_budget(cpu_like_costs(), ACCEPTANCE_CURVE, tolerance=0.15).options["budget"] == smallest
+
+
+def test_choose_budget_weighs_draft_forwards_and_mu():
+    cost = cpu_like_costs()
+    # Same MAT and tree size: the configuration with fewer draft forwards (smaller delta) wins.
+    shallow = talon_point(16, 2.8, mu=0.1, layers=2)
+    deep = talon_point(16, 2.9, mu=0.01, layers=8)
+    assert deep.delta == 8 and shallow.delta == 2
+    assert choose_budget(cost, [deep, shallow]).options["mu"] == 0.1
+    assert predicted_tokens_per_s(cost, shallow) > predicted_tokens_per_s(cost, deep)
+    # Overhead counts too.
+    slow_build = AcceptancePoint("talon", {"budget": 16, "mu": 0.1}, 2.8, {16: 1.0}, overhead_seconds=1.0)
+    assert choose_budget(cost, [slow_build, shallow]).options["mu"] == 0.1
+
+
+def test_interpolation_of_the_cost_curve():
+    points = {1: 1.0, 4: 1.0, 8: 3.0}
+    assert interpolate(points, 0.5) == 1.0 and interpolate(points, 6) == 2.0
+    assert interpolate(points, 12) == pytest.approx(5.0)  # extrapolated with the last slope
+    assert interpolate({1: 2.0, 8: 1.0}, 16) == 1.0  # never decreasing past the last point
+
+
+def test_coordinate_search_varies_one_option_at_a_time():
+    mats = {4: 1.9, 8: 2.4, 16: 2.8, 32: 3.1}
+    calls = []
+
+    def calibrate(config: TreeConfig) -> AcceptancePoint:
+        calls.append((config.budget, config.mu))
+        bonus = 0.2 if config.mu == 0.1 else 0.0  # at the best N, mu = 0.1 accepts a bit more
+        return talon_point(config.budget, mats[config.budget] + bonus, mu=config.mu)
+
+    stages = (("budget", (4, 8, 16, 32)), ("mu", (0.01, 0.03, 0.1)))
+    choice = coordinate_search("talon", stages, cpu_like_costs(), calibrate)
+    assert calls == [(4, 0.03), (8, 0.03), (16, 0.03), (32, 0.03), (16, 0.01), (16, 0.1)]  # (16, 0.03) not redone
+    assert choice.options["budget"] == 16 and choice.options["mu"] == 0.1
+
+
+def test_tuned_profile_round_trip_for_budget_auto(generator, tmp_path):
+    from talon_sd.bench.profiles import find_profile, profile_key
+    from talon_sd.bench.tuner import TuneSettings, profile_table, run_tune
+
+    with pytest.raises(TalonError, match=r"budget: 'auto' needs a tuned profile; run `talon tune .*--dtype float32"):
+        tuned_tree_options("talon", None, None, "float32")
+    assert tuned_tree_options("ar", None, None, "float32") == {}
+
+    settings = TuneSettings(
+        verify_sizes=(1, 4, 16), draft_widths=(1, 4), root_widths=(1, 2), repeats=1, calibration_tokens=6,
+        stages={"talon": (("budget", (4, 8)), ("mu", (0.1,))), "eagle": (("depth", (2,)), ("budget", (6,)))},
+    )
+    key = profile_key(None, None, "float32")
+    prompt_ids = [torch.tensor([5, 17, 42, 8]), torch.tensor([33, 12, 7])]
+    profile = run_tune(generator, ["talon", "eagle"], settings, key, prompt_ids=prompt_ids, progress=False)
+    assert set(profile["cost_curve"]["verify"]) == {"1", "4", "16"} and profile["ar"]["mat"] == 1.0
+    talon = profile["methods"]["talon"]
+    assert len(talon["candidates"]) == 3 and talon["best"]["budget"] in (4, 8)
+    assert all(c["predicted_tokens_per_s"] > 0 and c["measured_tokens_per_s"] > 0 for c in talon["candidates"])
+    assert "talon" in profile_table(profile)
+
+    from talon_sd.bench.profiles import save_profile
+
+    path = save_profile(profile)
+    assert path.parent == tmp_path / "cache" / "profiles" and find_profile(key)[1] == path
+    options = tuned_tree_options("talon", None, None, "float32")
+    assert options == {k: talon["best"][k] for k in ("budget", "mu", "topk")}
+    assert tuned_tree_options("eagle", None, None, "float32")["depth"] == 2
+    assert tuned_tree_options("static", None, None, "float32") == {"budget": talon["best"]["budget"]}
+    with pytest.raises(TalonError, match="has no chain entry"):
+        tuned_tree_options("chain", None, None, "float32")
+
+    # `--budget auto` in the bench CLI takes those options (threads match the profile's key).
+    variants = bench_variants(["talon", "eagle"], {"talon": {"budget": "auto"}, "eagle": {"budget": "auto", "topk": 2}},
+                              tuned=lambda m: tuned_tree_options(m, None, None, "float32"))
+    talon_variant, eagle_variant = variants[1], variants[2]
+    assert talon_variant.tuned and talon_variant.tree.budget == talon["best"]["budget"]
+    eagle_best = profile["methods"]["eagle"]["best"]
+    assert eagle_variant.tree.budget == eagle_best["budget"] and eagle_variant.tree.depth == 2
+    assert eagle_variant.tree.topk == 2  # an explicit flag still wins over the profile

@@ -1,0 +1,67 @@
+"""KV compaction: after keeping an accepted path, the caches continue exactly like a fresh recompute."""
+
+from __future__ import annotations
+
+import torch
+
+from conftest import VOCAB
+from talon_sd.drafters import ModelDrafter
+from talon_sd.lm import CausalLM
+from talon_sd.tree import DraftTree
+
+
+@torch.no_grad()
+def fresh_logits(model, ids):
+    return model(torch.tensor([ids])).logits[0, -1].float()
+
+
+def random_tree(root: int, seed: int) -> DraftTree:
+    generator = torch.Generator().manual_seed(seed)
+    tree = DraftTree.root(root)
+    for _ in range(4):
+        count = 3
+        parents = torch.randint(max(0, tree.size - 3), tree.size, (count,), generator=generator)
+        tokens = torch.randperm(VOCAB, generator=generator)[:count]
+        tree = tree.extend(parents, tokens, torch.zeros(count))
+    return tree
+
+
+def test_target_cache_after_compaction_equals_recompute(llama_pair, qwen_pair):
+    for model, _ in (llama_pair, qwen_pair):
+        lm = CausalLM(model)
+        committed = [5, 17, 33, 8, 5]
+        lm.prefill(torch.tensor(committed[:-1]))
+        for step in range(6):
+            tree = random_tree(committed[-1], step)
+            tree_logits = lm.forward_tree(tree)
+            path = tree.paths[step % len(tree.paths)][: 1 + step % 4]
+            path_tokens = [int(tree.tokens[i]) for i in path[1:]]
+            # every node's logits equal its root-to-node path run alone
+            torch.testing.assert_close(tree_logits[path[-1]], fresh_logits(model, committed + path_tokens), atol=1e-4, rtol=1e-4)
+            lm.cache.keep(lm.cache.length - tree.size, torch.tensor(path))
+            assert lm.cache.length == len(committed) - 1 + len(path)
+            committed = committed + path_tokens + [int(tree_logits[path[-1]].argmax())]
+        next_logits = lm.forward(torch.tensor([committed[-1]]))[-1]
+        torch.testing.assert_close(next_logits, fresh_logits(model, committed), atol=1e-4, rtol=1e-4)
+
+
+def test_draft_cache_keeps_only_the_accepted_path(llama_pair):
+    target, draft = llama_pair
+    drafter = ModelDrafter(draft)
+    committed = [5, 17, 33, 8]
+    drafter.start(torch.tensor(committed))
+    for step in range(5):
+        tree = DraftTree.root(committed[-1])
+        root_log_p = drafter.expand(tree, torch.tensor([0]))
+        torch.testing.assert_close(root_log_p[0], torch.log_softmax(fresh_logits(draft, committed), -1), atol=1e-4, rtol=1e-4)
+        top = root_log_p[0].topk(3).indices
+        tree = tree.extend(torch.zeros(3, dtype=torch.long), top, root_log_p[0, top])
+        layer2 = drafter.expand(tree, torch.tensor([1, 2, 3]))
+        for row in range(3):
+            expected = torch.log_softmax(fresh_logits(draft, committed + [int(top[row])]), -1)
+            torch.testing.assert_close(layer2[row], expected, atol=1e-4, rtol=1e-4)
+        accepted = [int(top[step % 3])] if step % 2 == 0 else []
+        new_tokens = accepted + [int(layer2[step % 3].argmax()) if accepted else 7]
+        drafter.accept(new_tokens)
+        assert drafter.lm.cache.length == len(committed) + len(accepted)  # prefix + kept path, nothing else
+        committed = committed + new_tokens
