@@ -55,9 +55,11 @@ def generator():
 
 
 @pytest.fixture(autouse=True)
-def restore_threads(monkeypatch, tmp_path):
-    """CLI runs set torch's thread count and may write profiles: undo both after each test."""
+def one_thread_and_own_cache(monkeypatch, tmp_path):
+    """One torch thread (tiny models gain nothing from two, and lose a lot when the other core is
+    busy), profiles in a temporary cache; both undone after each test."""
     threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     monkeypatch.setenv("TALON_SD_CACHE", str(tmp_path / "cache"))
     yield
     torch.set_num_threads(threads)
@@ -302,7 +304,7 @@ def test_coordinate_search_varies_one_option_at_a_time():
     assert choice.options["budget"] == 16 and choice.options["mu"] == 0.1
 
 
-def test_tuned_profile_round_trip_for_budget_auto(generator, tmp_path):
+def test_tuned_profile_round_trip_for_budget_auto(use_generator, generator, tmp_path):
     from talon_sd.bench.profiles import find_profile, profile_key
     from talon_sd.bench.tuner import TuneSettings, profile_table, run_tune
 
@@ -342,3 +344,13 @@ def test_tuned_profile_round_trip_for_budget_auto(generator, tmp_path):
     eagle_best = profile["methods"]["eagle"]["best"]
     assert eagle_variant.tree.budget == eagle_best["budget"] and eagle_variant.tree.depth == 2
     assert eagle_variant.tree.topk == 2  # an explicit flag still wins over the profile
+
+    # ... and so does the CLI, recording where they came from.
+    out = tmp_path / "auto"
+    assert main(["bench", "--dtype", "float32", "--budget", "auto", "--methods", "talon,static", "--datasets", "qa",
+                 "--limit", "1", "--max-new-tokens", "4", "--threads", "1", "--no-progress", "--no-plots",
+                 "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["settings"]["profile"] == str(path)
+    trees = {v["label"]: v["tree"] for v in results["variants"]}
+    assert trees["talon"]["budget"] == talon["best"]["budget"] and trees["static"]["budget"] == talon["best"]["budget"]

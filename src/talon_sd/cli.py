@@ -66,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_generate(args: argparse.Namespace) -> int:
+    configure_torch(args)
     validate_generate_args(args)
     generator = make_generator(args)
     stream = generator.stream(
@@ -134,6 +135,7 @@ def configure_torch(args: argparse.Namespace) -> None:
     import transformers
 
     transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if getattr(args, "threads", None):
         if args.threads < 1:

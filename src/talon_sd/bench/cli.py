@@ -27,10 +27,8 @@ TUNE_METHODS = ("talon", "eagle", "chain", "static")
 
 def register(commands) -> None:
     """Add the ``bench``, ``sweep`` and ``tune`` subcommands to the ``talon`` parser."""
-    from ..cli import add_model_arguments
-
     bench = commands.add_parser("bench", help="compare every method on the benchmark datasets, side by side")
-    add_model_arguments(bench)
+    _add_model_arguments(bench)
     _add_run_arguments(bench, datasets="all", limit=5, max_new_tokens=128, out="bench")
     bench.add_argument("--methods", default=",".join(METHODS),
                        help="comma-separated, some of " + ", ".join(METHODS) + " (ar always runs: the baseline)")
@@ -47,7 +45,7 @@ def register(commands) -> None:
     bench.set_defaults(handler=run_bench_command, subparser=bench)
 
     sweep = commands.add_parser("sweep", help="speedup against the tree budget N (and mu, top-k, depth)")
-    add_model_arguments(sweep)
+    _add_model_arguments(sweep)
     _add_run_arguments(sweep, datasets="mt_bench,gsm8k,humaneval", limit=2, max_new_tokens=64, out="sweep")
     sweep.add_argument("--methods", default="talon,eagle", help="some of " + ", ".join(SWEEP_METHODS))
     sweep.add_argument("--budgets", default="8,16,32,64,96", help="budgets N (tree nodes, root counted)")
@@ -58,20 +56,21 @@ def register(commands) -> None:
     sweep.set_defaults(handler=run_sweep_command, subparser=sweep)
 
     tune = commands.add_parser("tune", help="measure this machine and pick each method's budget (--budget auto)")
-    add_model_arguments(tune)
+    _add_model_arguments(tune)
     tune.add_argument("--methods", default="talon,eagle,chain", help="some of " + ", ".join(TUNE_METHODS))
-    tune.add_argument("--calibration-datasets", default="mt_bench,gsm8k,humaneval")
+    tune.add_argument("--calibration-datasets", default="mt_bench,gsm8k,humaneval",
+                      help="prompt sets the calibration prompts are taken from, round-robin")
     tune.add_argument("--calibration-prompts", type=int, default=3, help="prompts decoded per configuration")
     tune.add_argument("--calibration-tokens", type=int, default=24, help="new tokens per calibration prompt")
     tune.add_argument("--repeats", type=int, default=5, help="timed forwards per size (median)")
     tune.add_argument("--context", type=int, default=200, help="cache length of the timed forwards")
     tune.add_argument("--verify-sizes", default=None, help="tree sizes T to time the target on (default 1..128)")
     tune.add_argument("--draft-widths", default=None, help="frontier widths to time the draft on (default 1..64)")
-    tune.add_argument("--talon-budgets", default=None, help="default 4,6,8,12,16,24,32")
+    tune.add_argument("--talon-budgets", default=None, help="default 4,6,8,12,16,24,32,48")
     tune.add_argument("--talon-mus", default=None, help="default 0.01,0.03,0.1")
     tune.add_argument("--talon-topks", default=None, help="default 4")
     tune.add_argument("--eagle-depths", default=None, help="default 2,3,4,5,6")
-    tune.add_argument("--eagle-budgets", default=None, help="default 6,8,12,16,24,32")
+    tune.add_argument("--eagle-budgets", default=None, help="default 6,8,12,16,24,32,48")
     tune.add_argument("--eagle-topks", default=None, help="default 2,4,8")
     tune.add_argument("--chain-depths", default=None, help="default 1,2,3,4,5,6")
     tune.add_argument("--static-budgets", default=None, help="default 4,6,8,12,16,24,32")
@@ -79,6 +78,16 @@ def register(commands) -> None:
                       help="prefer the smallest budget within this fraction of the best prediction")
     tune.add_argument("--no-progress", action="store_true")
     tune.set_defaults(handler=run_tune_command, subparser=tune)
+
+
+def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The shared model flags; here ``--threads`` defaults to every available core (a fixed count)."""
+    from ..cli import add_model_arguments
+
+    add_model_arguments(parser)
+    for action in parser._actions:
+        if action.dest == "threads":
+            action.help = "torch CPU threads, fixed for the whole run (default: every available core)"
 
 
 def _add_run_arguments(parser: argparse.ArgumentParser, datasets: str, limit: int, max_new_tokens: int, out: str) -> None:
@@ -109,6 +118,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
     if args.drafter != "model" and "hf-assisted" in methods:
         raise TalonError("methods: hf-assisted needs the draft model (--drafter model)")
     variants = bench_variants(methods, _method_overrides(args), tuned=_tuned_lookup(args))
+    _check_load(args)
     generator = _load_generator(args)
     return _run_and_write(args, generator, prompts, variants, decoding, kind="bench")
 
@@ -149,6 +159,7 @@ def run_sweep_command(args: argparse.Namespace) -> int:
         _numbers("talon-topks", args.talon_topks, int), _numbers("eagle-topks", args.eagle_topks, int),
         _numbers("eagle-depths", args.eagle_depths, int),
     )
+    _check_load(args)
     generator = _load_generator(args)
     return _run_and_write(args, generator, prompts, variants, decoding, kind="sweep")
 
@@ -181,6 +192,16 @@ def _prompts_and_decoding(args: argparse.Namespace):
     return prompts, Decoding(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed)
 
 
+def _check_load(args: argparse.Namespace) -> None:
+    """Record the load average before models load; warn when other processes already use the CPU."""
+    from .machine import load_average
+
+    args.load_before = load_average()
+    if args.load_before and args.load_before[0] > 0.5:
+        print(f"talon: warning: load average {args.load_before[0]} before the run: other processes use the CPU, "
+              "timings will be slower and noisier", file=sys.stderr)
+
+
 def _load_generator(args: argparse.Namespace):
     from ..generator import SpeculativeGenerator
 
@@ -193,14 +214,23 @@ def _run_and_write(args, generator, prompts, variants, decoding: Decoding, kind:
     from .results import build_results, write_results
     from .runner import run_bench
 
+    from .runner import count_samples
+
     out_dir = pathlib.Path(args.out or f"runs/{kind}-{datetime.datetime.now():%Y%m%d-%H%M%S}")
+    load_before = getattr(args, "load_before", None)
     records = run_bench(generator, prompts, variants, decoding, warmup_tokens=args.warmup_tokens,
                         progress=not args.no_progress, description=kind)
+    planned = count_samples(prompts)
+    done = len({r.index for r in records})
+    if not records:
+        print("talon: interrupted before the first prompt finished; nothing written", file=sys.stderr)
+        return 130
     settings = {
         "datasets": list(dict.fromkeys(p.dataset for p in prompts)), "data_files": list(args.data),
         "limit": args.limit, "warmup_tokens": args.warmup_tokens, "target": _model_label(args.target, "target"),
         "draft": _model_label(args.draft, "draft"), "drafter": args.drafter, "requested_dtype": args.dtype,
-        "arguments": _arguments(args),
+        "complete": done == planned, "planned_samples": planned, "load_average_before": load_before,
+        "profile": _profile_used(args, variants), "arguments": _arguments(args),
     }
     results = build_results(records, variants, decoding, settings, kind=kind, command=command_line(args),
                             generator=generator)
@@ -214,7 +244,17 @@ def _run_and_write(args, generator, prompts, variants, decoding: Decoding, kind:
     markdown = writer(results, out_dir, plot_files)
     print(f"\nwrote {json_path}, {markdown}" + (f" and {len(plot_files)} plots in {out_dir / 'plots'}" if plot_files else ""),
           file=sys.stderr)
-    return 0
+    return 0 if done == planned else 130
+
+
+def _profile_used(args: argparse.Namespace, variants) -> str | None:
+    """The tuned profile file the ``auto`` variants came from, if any."""
+    if not any(variant.tuned for variant in variants):
+        return None
+    from .profiles import find_profile, profile_key
+
+    found = find_profile(profile_key(args.target, args.draft, args.dtype))
+    return str(found[1]) if found else None
 
 
 def _model_label(name: str | None, role: str) -> str:
@@ -224,7 +264,7 @@ def _model_label(name: str | None, role: str) -> str:
 
 
 def _arguments(args: argparse.Namespace) -> dict:
-    return {k: v for k, v in vars(args).items() if k not in ("handler", "subparser", "default_datasets")}
+    return {k: v for k, v in vars(args).items() if k not in ("handler", "subparser", "default_datasets", "load_before")}
 
 
 def command_line(args: argparse.Namespace) -> str:
@@ -307,6 +347,7 @@ def run_tune_command(args: argparse.Namespace) -> int:
         tolerance=args.tolerance, stages=stages,
     )
     key = profile_key(args.target, args.draft, args.dtype, args.device, args.threads)
+    _check_load(args)
     generator = _load_generator(args)
     key["dtype"] = str(generator.target.dtype).replace("torch.", "")
     profile = run_tune(generator, methods, settings, key, progress=not args.no_progress)

@@ -66,7 +66,17 @@ def machine_info() -> dict:
         "platform": platform.platform(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "bf16_native": cpu_has_fast_bfloat16(),
+        "load_average": load_average(),
     }
+
+
+def load_average() -> list[float] | None:
+    """The 1, 5 and 15-minute load averages: above ~0.5 before a run, other processes share the CPU
+    and timings (with threads = cores) can be far slower and noisier."""
+    try:
+        return [round(value, 2) for value in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
 
 
 def versions() -> dict:

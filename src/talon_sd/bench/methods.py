@@ -160,6 +160,12 @@ def assistant_settings(generator) -> dict | None:
     for key in keys:
         value = getattr(config, key, None)
         settings[key] = value if value is not None else defaults.get(key)
+    try:  # with scikit-learn, transformers adapts the confidence threshold during generation
+        from transformers.utils import is_sklearn_available
+
+        settings["adaptive_confidence_threshold"] = bool(is_sklearn_available())
+    except ImportError:
+        settings["adaptive_confidence_threshold"] = None
     return settings
 
 

@@ -78,6 +78,7 @@ def plot_tree_shape(results: dict, path: pathlib.Path) -> pathlib.Path | None:
             total = sum(histogram.values()) or 1
             depths = range(0, max(histogram) + 1)
             bottom.plot(list(depths), [histogram.get(d, 0) / total for d in depths], **style)
+        top.set_ylim(bottom=0)
         top.set_title(label, fontsize=9)
         top.set_xlabel("depth", fontsize=8)
         bottom.set_xlabel("tree depth per step", fontsize=8)

@@ -7,17 +7,21 @@
       "kind": "bench" | "sweep",
       "command": str | null,            # the command line as typed (null from Python)
       "created": str,                   # UTC, ISO 8601
-      "machine":  {"cpu", "logical_cores", "available_cores", "memory_gib", "platform", "cuda",
-                   "bf16_native"},
-      "versions": {"python", "talon_sd", "torch", "transformers", "numpy", "git_revision"},
+      "machine":  {"cpu", "logical_cores", "available_cores", "torch_threads", "memory_gib", "platform",
+                   "cuda", "bf16_native", "load_average"},   # load average (1/5/15 min) when written
+      "versions": {"python", "talon_sd", "torch", "transformers", "numpy", "tokenizers", "git_revision"},
       "settings": {                     # every run setting; the CLI adds its own arguments
         "mode": "greedy" | "sample", "temperature", "top_p": 1.0, "top_k": 0, "seed",
-        "max_new_tokens", "warmup_tokens", "threads", "dtype", "device", "attn_implementation",
+        "max_new_tokens", "threads", "dtype", "draft_dtype", "device", "attn_implementation",
+        "target_parameters", "draft_parameters",
         "prompts", "samples",           # prompts, and prompt turns (MT-Bench counts 2 per prompt)
         "order", "conversation_reference",
         "hf_generation": {...},         # the GenerationConfig fields of the hf methods
         "hf_assistant": {...} | null,   # the assistant settings hf-assisted ran with
-        ...                             # CLI: datasets, data_files, limit, target, draft, drafter, profile
+        # from the CLI: "datasets", "data_files", "limit", "warmup_tokens", "target", "draft", "drafter",
+        # "requested_dtype",
+        # "complete" (false when interrupted), "planned_samples", "load_average_before" (before the models
+        # loaded), "profile" (the tuned profile file behind 'auto' variants, or null), "arguments" (every flag)
       },
       "variants": [{"label", "method", "tuned": bool,
                     "tree": {"method", "budget", "topk", "mu", "depth", "static_paths"} | null}],
@@ -37,7 +41,8 @@
          "tree_depth_hist": {"d": steps},              # distribution of the tree depth per step
          "accepted_length_hist": {"k": steps}}         # drafts accepted per step
       ],
-      "samples": [                      # one per prompt turn x variant, in run order
+      "samples": [                      # one per prompt turn x variant: prompt turns in run order, variants
+                                        # in listed order (the run order of variants rotates, see runner)
         {"index", "dataset", "question_id", "turn", "label", "method", "seed", "prompt_tokens",
          "new_tokens", "seconds", "tokens_per_s", "identical_to_ar",
          "stats": DecodeStats.to_dict() | null}

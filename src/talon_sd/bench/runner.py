@@ -18,6 +18,8 @@ packaged Qwen pair, or tiny test models with ``tokenizer=None`` and :class:`Prom
   is timed on the same turn-k prompt and greedy outputs stay comparable token for token.
 * **Seeds.** Sample i uses seed ``decoding.seed + i`` for every variant (sampling mode).
 * ``identical_to_ar`` (greedy mode only): the variant's token ids equal ``ar``'s for that sample.
+* **Interruption** (Ctrl-C): the records of every sample whose variants all finished are returned,
+  so that a long run can still be written out (compare with :func:`count_samples`).
 """
 
 from __future__ import annotations
@@ -70,14 +72,15 @@ def run_bench(generator, prompts: Sequence[Prompt], variants: Sequence[Variant],
         raise ValueError(f"variant labels must be unique, got {labels}")
     ar_label = next((v.label for v in variants if v.method == "ar"), None)
     reference_label = ar_label or labels[0]
-    total = count_samples(prompts) * len(variants)
-    bar = _progress_bar(total, description, progress)
     if warmup_tokens > 0 and prompts:
-        bar.set_postfix_str("warm-up")
         warm = replace(decoding, max_new_tokens=warmup_tokens)
         first_ids = prompt_ids(generator, prompts[0], [], 0)
-        for variant in variants:
-            run_variant(generator, variant, first_ids, warm, decoding.seed)
+        with _progress_bar(len(variants), f"{description} warm-up", progress) as bar:
+            for variant in variants:
+                bar.set_postfix_str(variant.label)
+                run_variant(generator, variant, first_ids, warm, decoding.seed)
+                bar.update(1)
+    bar = _progress_bar(count_samples(prompts) * len(variants), description, progress)
     records: list[SampleRecord] = []
     index = 0
     try:
@@ -106,6 +109,8 @@ def run_bench(generator, prompts: Sequence[Prompt], variants: Sequence[Variant],
                     history = history + [{"role": "user", "content": prompt.turns[turn]},
                                          {"role": "assistant", "content": answer}]
                 index += 1
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: keeping the {index} complete prompt turns", file=sys.stderr)
     finally:
         bar.close()
     return records

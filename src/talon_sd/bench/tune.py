@@ -20,7 +20,8 @@ Cost model (one verify step of tree configuration c, in seconds)::
   previous step and needs only the last logits, is timed separately (``draft_root``).
 * ``T``, the draft-forward widths ``w``, ``MAT(c)`` (committed tokens per verify step, bonus
   included) and ``t_overhead(c)`` (tree construction and bookkeeping per step: the loop's time
-  outside draft and verify forwards) come from a short calibration with the real decoding loop
+  outside the draft forwards and the verify step; the acceptance rule inside the verify step, a few
+  ms, is not modelled) come from a short calibration with the real decoding loop
   (a few prompts x a few dozen tokens, greedy). Expectations are per step: an
   :class:`AcceptancePoint` stores the share of steps per tree size and the number of draft forwards
   per step per width, so t_step is linear in the measured costs.
@@ -54,8 +55,8 @@ TUNED_FIELDS: dict[str, tuple[str, ...]] = {
 
 # One option varied per stage, the others at the best value found so far (method defaults at first).
 DEFAULT_STAGES: dict[str, tuple[tuple[str, tuple], ...]] = {
-    "talon": (("budget", (4, 6, 8, 12, 16, 24, 32)), ("mu", (0.01, 0.03, 0.1)), ("topk", (4,))),
-    "eagle": (("depth", (2, 3, 4, 5, 6)), ("budget", (6, 8, 12, 16, 24, 32)), ("topk", (2, 4, 8))),
+    "talon": (("budget", (4, 6, 8, 12, 16, 24, 32, 48)), ("mu", (0.01, 0.03, 0.1)), ("topk", (4,))),
+    "eagle": (("depth", (2, 3, 4, 5, 6)), ("budget", (6, 8, 12, 16, 24, 32, 48)), ("topk", (2, 4, 8))),
     "chain": (("depth", (1, 2, 3, 4, 5, 6)),),
     "static": (("budget", (4, 6, 8, 12, 16, 24, 32)),),
 }
@@ -211,9 +212,8 @@ def coordinate_search(method: str, stages: Sequence[tuple[str, Sequence]], cost:
     return choose_budget(cost, list(points.values()), tolerance)
 
 
-def count_configs(method: str, stages: Sequence[tuple[str, Sequence]]) -> int:
+def count_configs(stages: Sequence[tuple[str, Sequence]]) -> int:
     """An upper bound on the configurations :func:`coordinate_search` calibrates (for progress bars)."""
-    del method
     return sum(len(values) for _, values in stages)
 
 

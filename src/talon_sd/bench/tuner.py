@@ -10,7 +10,7 @@ Steps (the cost model is in :mod:`talon_sd.bench.tune`):
 3. the profile dict (schema in :mod:`talon_sd.bench.profiles`), saved by the caller.
 
 Run time is about (configurations + 1) x prompts x (prefill + tokens / speed) plus ~1 minute of
-forward timings: with the defaults (27 configurations, 3 prompts x 24 tokens) about 5 minutes for
+forward timings: with the defaults (about 30 configurations, 3 prompts x 24 tokens) about 6 minutes for
 the packaged Qwen pair in bfloat16 on 2 CPU cores.
 """
 
@@ -84,7 +84,7 @@ def run_tune(generator, methods: Sequence[str], settings: TuneSettings, key: dic
 
     cost = measure_costs(generator, settings, progress)
     prompts = list(prompt_ids) if prompt_ids is not None else calibration_prompt_ids(generator, settings)
-    total = 1 + sum(count_configs(m, settings.stages[m]) for m in methods)
+    total = 1 + sum(count_configs(settings.stages[m]) for m in methods)
     with tqdm(total=total, desc="tune: calibration", unit="config", file=sys.stderr, disable=not progress,
               dynamic_ncols=True, mininterval=1.0) as bar:
         def calibrated(config: TreeConfig):
