@@ -1,4 +1,4 @@
-"""The ``talon`` command: ``generate`` (and ``bench``, ``sweep``, ``tune``, ``serve``).
+"""The ``talon`` command: ``generate``, plus ``bench``, ``sweep`` and ``tune`` from :mod:`talon_sd.bench`.
 
 User errors print one line ``talon: error: ...`` on stderr and exit with status 2, no traceback.
 """
@@ -50,18 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--no-chat-template", action="store_true", help="send the prompt as raw text")
     generate.add_argument("--json", action="store_true", help='print one JSON object {"text", "token_ids", "stats"}')
     generate.set_defaults(handler=run_generate)
-    try:
-        from .bench.cli import register as register_bench
-    except ImportError:  # pragma: no cover - the bench package ships with the library
-        register_bench = None
-    if register_bench is not None:
-        register_bench(commands)
-    try:
-        from .server import register as register_server
-    except ImportError:  # pragma: no cover
-        register_server = None
-    if register_server is not None:
-        register_server(commands)
+    from .bench.cli import register as register_bench
+
+    register_bench(commands)
     return parser
 
 

@@ -1,6 +1,6 @@
 """The decoding loop: draft -> build -> verify -> accept -> commit, as one token generator.
 
-Every front end (the Python API, the CLI, the benchmark, the server) consumes :func:`decode`.
+Every front end (the Python API, the CLI, the benchmark) consumes :func:`decode`.
 Plain autoregressive decoding is the same loop with the ``ar`` builder (a root-only tree, no drafter),
 so the baseline and the speculative methods share every line of code but the tree.
 

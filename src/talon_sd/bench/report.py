@@ -217,14 +217,7 @@ def write_markdown(results: dict, out_dir: pathlib.Path, plot_files: Sequence[pa
     goals = goal_lines(results)
     if goals:
         parts += ["", "## Goals (measured, not asserted)", ""] + goals
-    if plot_files:
-        parts += ["", "## Plots", ""]
-        for path in plot_files:
-            relative = pathlib.Path(os.path.relpath(pathlib.Path(path).resolve(), out_dir.resolve()))
-            parts += [f"![{relative.stem}]({relative.as_posix()})", ""]
-    path = out_dir / "report.md"
-    path.write_text("\n".join(parts).rstrip() + "\n")
-    return path
+    return _write_report(parts, out_dir, plot_files)
 
 
 def write_sweep_markdown(results: dict, out_dir: pathlib.Path, plot_files: Sequence[pathlib.Path] = ()) -> pathlib.Path:
@@ -254,6 +247,11 @@ def write_sweep_markdown(results: dict, out_dir: pathlib.Path, plot_files: Seque
     parts += ["## Machine and settings", ""] + machine_lines(results)
     parts += ["", "## Speedup over `ar` (best per method and dataset in bold)", "",
               markdown_table(["configuration"] + datasets, body)]
+    return _write_report(parts, out_dir, plot_files)
+
+
+def _write_report(parts: list[str], out_dir: pathlib.Path, plot_files: Sequence[pathlib.Path]) -> pathlib.Path:
+    """Append the plot links (relative to ``out_dir``) and write ``out_dir/report.md``."""
     if plot_files:
         parts += ["", "## Plots", ""]
         for path in plot_files:
