@@ -6,9 +6,9 @@ Each field maps one-to-one onto a CLI flag (``budget`` <-> ``--budget``); a bad 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field
 
-from .errors import TalonError, bad_argument
+from .errors import bad_argument
 
 TREE_METHODS = ("ar", "chain", "static", "eagle", "talon")
 
@@ -120,24 +120,6 @@ class GenerationConfig:
         if any(not isinstance(s, str) or not s for s in stop):
             raise bad_argument("stop", self.stop, "non-empty strings")
         object.__setattr__(self, "stop", stop)
-
-
-def split_options(options: dict, *configs: type) -> list[dict]:
-    """Split keyword options among config classes by field name; unknown names are an error."""
-    buckets: list[dict] = [{} for _ in configs]
-    for key, value in options.items():
-        for bucket, config in zip(buckets, configs):
-            if key in {f.name for f in fields(config)}:
-                bucket[key] = value
-                break
-        else:
-            raise TalonError(f"{key}: unknown option")
-    return buckets
-
-
-def updated(config, **changes):
-    """``dataclasses.replace`` that ignores ``None`` values (flags the user did not give)."""
-    return replace(config, **{k: v for k, v in changes.items() if v is not None})
 
 
 def _is_number(value) -> bool:

@@ -140,14 +140,14 @@ class SpeculativeGenerator:
         """Like :meth:`generate`, but returns a :class:`TextStream` of text chunks as tokens are committed.
 
         All arguments are validated here, before the first chunk is produced."""
-        tokens, stats, prompt_ids = self._tokens(prompt, options)
+        tokens, stats = self._tokens(prompt, options)
         stream = TextStream(chunks=iter(()))
         stream.chunks = self._chunks(tokens, stats, stream, options)
         return stream
 
     def token_stream(self, prompt: Prompt = None, **options) -> tuple[Iterator[int], DecodeStats]:
         """The raw token generator and its (live) stats."""
-        tokens, stats, _ = self._tokens(prompt, options)
+        tokens, stats = self._tokens(prompt, options)
         return tokens, stats
 
     # ------------------------------------------------------------------ internals
@@ -182,7 +182,7 @@ class SpeculativeGenerator:
         )
         stats = DecodeStats(method=tree_config.label)
         pipeline = Pipeline(self.target, drafter, make_builder(tree_config), sampling)
-        return decode(pipeline, prompt_ids, stop, stats), stats, prompt_ids
+        return decode(pipeline, prompt_ids, stop, stats), stats
 
     def _chunks(self, tokens: Iterator[int], stats: DecodeStats, stream: TextStream, options: dict) -> Iterator[str]:
         token_ids: list[int] = []
