@@ -354,3 +354,40 @@ def test_tuned_profile_round_trip_for_budget_auto(use_generator, generator, tmp_
     assert results["settings"]["profile"] == str(path)
     trees = {v["label"]: v["tree"] for v in results["variants"]}
     assert trees["talon"]["budget"] == talon["best"]["budget"] and trees["static"]["budget"] == talon["best"]["budget"]
+
+
+def test_bench_resume_reuses_finished_prompt_turns_and_refuses_other_settings(use_generator, tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = ["bench", "--datasets", "mt_bench,gsm8k", "--limit", "1", "--max-new-tokens", "12", "--methods",
+            "ar,hf,talon", "--threads", "1", "--warmup-tokens", "0", "--no-progress", "--no-plots", "--out", str(out)]
+    assert main(argv) == 0
+    full = json.loads((out / "results.json").read_text())
+    assert full["settings"]["resumed_samples"] == 0 and len(full["samples"]) == 3 * 3
+
+    # Keep the header and the first prompt turn, then a line torn by a kill in the middle of the second.
+    lines = (out / "checkpoint.jsonl").read_text().splitlines()
+    assert len(lines) == 1 + 3 * 3
+    (out / "checkpoint.jsonl").write_text("\n".join(lines[:1 + 3] + [lines[4][:40]]) + "\n")
+    assert main(argv + ["--resume"]) == 0
+    resumed = json.loads((out / "results.json").read_text())
+    assert resumed["settings"]["resumed_samples"] == 1 and resumed["settings"]["complete"] is True
+    before = {(s["index"], s["label"]): s for s in full["samples"]}
+    after = {(s["index"], s["label"]): s for s in resumed["samples"]}
+    assert set(after) == set(before)
+    for key, sample in after.items():
+        assert sample["new_tokens"] == before[key]["new_tokens"]
+        if key[0] == 0:  # the reloaded turn keeps its measured time and stats
+            assert sample["seconds"] == before[key]["seconds"] and sample["stats"] == before[key]["stats"]
+        assert sample["prompt_tokens"] == before[key]["prompt_tokens"]  # turn 2 follows the reloaded turn-1 answer
+        assert sample["identical_to_ar"] is True or sample["method"] == "hf"
+    relines = (out / "checkpoint.jsonl").read_text().splitlines()
+    assert len(relines) == 1 + 3 * 3 and relines[:4] == lines[:4]
+    raw_seconds = [[json.loads(line)["seconds"] for line in part[4:]] for part in (lines, relines)]
+    assert all(a != b for a, b in zip(*raw_seconds))  # the other turns ran again (unrounded wall times)
+
+    capsys.readouterr()
+    assert main([a if a != "12" else "10" for a in argv] + ["--resume"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("talon: error: resume:") and "load average" not in error  # refused before the models load
+    assert "decoding" in error and len(error.splitlines()) == 1
+    assert len((out / "checkpoint.jsonl").read_text().splitlines()) == 1 + 3 * 3  # the refused resume changed nothing

@@ -80,7 +80,8 @@ class ModelDrafter(Drafter):
         else:
             slots = torch.tensor(self.slot_nodes + nodes.tolist(), device=tree.tokens.device)
             visible_tree = tree.ancestors[nodes][:, slots]  # [F, forwarded + F]
-            visible = torch.cat([torch.ones(len(nodes), self.prefix_length, dtype=torch.bool), visible_tree.cpu()], 1)
+            prefix = torch.ones(len(nodes), self.prefix_length, dtype=torch.bool, device=visible_tree.device)
+            visible = torch.cat([prefix, visible_tree], 1)  # [F, prefix + forwarded + F]
             positions = self.prefix_length - 1 + tree.depth[nodes]
             logits = self.lm.forward(tree.tokens[nodes], positions, visible)  # [F, V]
             self.slot_nodes.extend(nodes.tolist())

@@ -12,7 +12,6 @@ Tree attention reaches the model only through the forward call's public argument
 
 from __future__ import annotations
 
-import time
 
 import torch
 from transformers import DynamicCache
@@ -65,8 +64,6 @@ class CausalLM:
         self.device = embeddings.weight.device
         self.dtype = embeddings.weight.dtype
         self.max_positions = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
-        self.seconds = 0.0  # wall time spent inside forward calls
-        self.calls = 0
 
     def reset(self) -> None:
         self.cache.reset()
@@ -80,7 +77,6 @@ class CausalLM:
         last_only: bool = False,
     ) -> torch.Tensor:
         """Append ``tokens`` to the cache and return float32 logits ``[T, V]`` (``[1, V]`` if last_only)."""
-        started = time.perf_counter()
         past = self.cache.length
         count = int(tokens.shape[0])
         if positions is None:
@@ -102,8 +98,6 @@ class CausalLM:
         logits = logits.float()  # [T or 1, V]
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        self.seconds += time.perf_counter() - started
-        self.calls += 1
         return logits
 
     @torch.inference_mode()
@@ -113,14 +107,11 @@ class CausalLM:
         self.reset()
         if not tokens.numel():
             return
-        started = time.perf_counter()
         decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else None
         if decoder is None:
             self.forward(tokens, last_only=True)
             return
         decoder(input_ids=tokens.to(self.device)[None], past_key_values=self.cache.cache, use_cache=True)
-        self.seconds += time.perf_counter() - started
-        self.calls += 1
 
     def forward_tree(self, tree) -> torch.Tensor:
         """Verify a :class:`DraftTree` whose root follows the cache: logits ``[N, V]``, one per node."""

@@ -103,6 +103,9 @@ def _add_run_arguments(parser: argparse.ArgumentParser, datasets: str, limit: in
     parser.add_argument("--seed", type=int, default=0, help="prompt turn i samples with seed + i (every method alike)")
     parser.add_argument("--warmup-tokens", type=int, default=8, help="untimed warm-up generation per method")
     parser.add_argument("--out", default=None, help=f"output folder (default runs/{out}-<time>)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run in --out from its checkpoint.jsonl (same arguments): finished "
+                             "prompt turns are kept, the rest run")
     parser.add_argument("--no-plots", action="store_true")
     parser.add_argument("--no-progress", action="store_true")
 
@@ -118,9 +121,10 @@ def run_bench_command(args: argparse.Namespace) -> int:
     if args.drafter != "model" and "hf-assisted" in methods:
         raise TalonError("methods: hf-assisted needs the draft model (--drafter model)")
     variants = bench_variants(methods, _method_overrides(args), tuned=_tuned_lookup(args))
+    checkpoint = _open_checkpoint(args, "bench", prompts, variants, decoding)
     _check_load(args)
     generator = _load_generator(args)
-    return _run_and_write(args, generator, prompts, variants, decoding, kind="bench")
+    return _run_and_write(args, generator, prompts, variants, decoding, checkpoint, kind="bench")
 
 
 def _method_overrides(args: argparse.Namespace) -> dict[str, dict]:
@@ -159,9 +163,10 @@ def run_sweep_command(args: argparse.Namespace) -> int:
         _numbers("talon-topks", args.talon_topks, int), _numbers("eagle-topks", args.eagle_topks, int),
         _numbers("eagle-depths", args.eagle_depths, int),
     )
+    checkpoint = _open_checkpoint(args, "sweep", prompts, variants, decoding)
     _check_load(args)
     generator = _load_generator(args)
-    return _run_and_write(args, generator, prompts, variants, decoding, kind="sweep")
+    return _run_and_write(args, generator, prompts, variants, decoding, checkpoint, kind="sweep")
 
 
 # ---------------------------------------------------------------------------------------------- shared
@@ -209,17 +214,31 @@ def _load_generator(args: argparse.Namespace):
                                 device=args.device)
 
 
-def _run_and_write(args, generator, prompts, variants, decoding: Decoding, kind: str) -> int:
+def _open_checkpoint(args: argparse.Namespace, kind: str, prompts, variants, decoding: Decoding):
+    """The run's checkpoint in ``--out`` (created now, so that --resume mistakes fail before models load)."""
+    from .checkpoint import Checkpoint
+
+    if args.out is None:
+        if args.resume:
+            raise TalonError("resume: give the --out folder of the run to continue")
+        args.out = f"runs/{kind}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
+    return Checkpoint(pathlib.Path(args.out), run_fingerprint(args, kind, prompts, variants, decoding),
+                      resume=args.resume, variant_labels=[v.label for v in variants])
+
+
+def _run_and_write(args, generator, prompts, variants, decoding: Decoding, checkpoint, kind: str) -> int:
     from . import plots, report
     from .results import build_results, write_results
-    from .runner import run_bench
+    from .runner import count_samples, run_bench
 
-    from .runner import count_samples
-
-    out_dir = pathlib.Path(args.out or f"runs/{kind}-{datetime.datetime.now():%Y%m%d-%H%M%S}")
+    out_dir = pathlib.Path(args.out)
     load_before = getattr(args, "load_before", None)
+    resumed = len(checkpoint.done)
+    if resumed:
+        print(f"talon: resuming {out_dir}: {resumed} of {count_samples(prompts)} prompt turns already done",
+              file=sys.stderr)
     records = run_bench(generator, prompts, variants, decoding, warmup_tokens=args.warmup_tokens,
-                        progress=not args.no_progress, description=kind)
+                        progress=not args.no_progress, description=kind, checkpoint=checkpoint)
     planned = count_samples(prompts)
     done = len({r.index for r in records})
     if not records:
@@ -229,7 +248,8 @@ def _run_and_write(args, generator, prompts, variants, decoding: Decoding, kind:
         "datasets": list(dict.fromkeys(p.dataset for p in prompts)), "data_files": list(args.data),
         "limit": args.limit, "warmup_tokens": args.warmup_tokens, "target": _model_label(args.target, "target"),
         "draft": _model_label(args.draft, "draft"), "drafter": args.drafter, "requested_dtype": args.dtype,
-        "complete": done == planned, "planned_samples": planned, "load_average_before": load_before,
+        "complete": done == planned, "planned_samples": planned, "resumed_samples": resumed,
+        "load_average_before": load_before,
         "profile": _profile_used(args, variants), "arguments": _arguments(args),
     }
     results = build_results(records, variants, decoding, settings, kind=kind, command=command_line(args),
@@ -245,6 +265,21 @@ def _run_and_write(args, generator, prompts, variants, decoding: Decoding, kind:
     print(f"\nwrote {json_path}, {markdown}" + (f" and {len(plot_files)} plots in {out_dir / 'plots'}" if plot_files else ""),
           file=sys.stderr)
     return 0 if done == planned else 130
+
+
+def run_fingerprint(args: argparse.Namespace, kind: str, prompts, variants, decoding: Decoding) -> dict:
+    """Every setting that changes what a run generates: a checkpoint only resumes the same run."""
+    import dataclasses
+    import hashlib
+    import json
+
+    prompt_text = json.dumps([[p.dataset, p.question_id, list(p.turns), p.input_ids] for p in prompts])
+    return {
+        "kind": kind, "target": str(args.target), "draft": str(args.draft), "drafter": args.drafter,
+        "dtype": args.dtype, "device": args.device, "decoding": dataclasses.asdict(decoding),
+        "variants": [v.describe() for v in variants],
+        "prompts": hashlib.sha256(prompt_text.encode("utf-8")).hexdigest(),
+    }
 
 
 def _profile_used(args: argparse.Namespace, variants) -> str | None:

@@ -143,7 +143,9 @@ def goal_lines(results: dict) -> list[str]:
             continue
         winner = max(rivals, key=lambda r: r["speedup"])
         if (talon["speedup"] or 0) <= winner["speedup"]:
-            shown = [talon, winner] + [index[(dataset, "eagle")]] * ((dataset, "eagle") in index and winner["method"] != "eagle")
+            shown = [talon, winner]
+            if (dataset, "eagle") in index and winner["method"] != "eagle":
+                shown.append(index[(dataset, "eagle")])
             losses.append((dataset, shown))
     if losses:
         lines += ["", "Where TALON is not the fastest (a step costs one verification plus delta draft forwards; "

@@ -20,7 +20,8 @@
         "hf_assistant": {...} | null,   # the assistant settings hf-assisted ran with
         # from the CLI: "datasets", "data_files", "limit", "warmup_tokens", "target", "draft", "drafter",
         # "requested_dtype",
-        # "complete" (false when interrupted), "planned_samples", "load_average_before" (before the models
+        # "complete" (false when interrupted), "planned_samples", "resumed_samples" (prompt turns reloaded
+        # from checkpoint.jsonl by --resume, timed by the earlier process), "load_average_before" (before the models
         # loaded), "profile" (the tuned profile file behind 'auto' variants, or null), "arguments" (every flag)
       },
       "variants": [{"label", "method", "tuned": bool,

@@ -20,6 +20,9 @@ packaged Qwen pair, or tiny test models with ``tokenizer=None`` and :class:`Prom
 * ``identical_to_ar`` (greedy mode only): the variant's token ids equal ``ar``'s for that sample.
 * **Interruption** (Ctrl-C): the records of every sample whose variants all finished are returned,
   so that a long run can still be written out (compare with :func:`count_samples`).
+* **Checkpoint** (optional, :class:`~talon_sd.bench.checkpoint.Checkpoint`): each finished sample is
+  appended to it, and the samples it already holds (``checkpoint.done``) are reused, not re-run; a
+  reused MT-Bench first turn still feeds its answer to the second turn.
 """
 
 from __future__ import annotations
@@ -65,14 +68,16 @@ def count_samples(prompts: Sequence[Prompt]) -> int:
 
 
 def run_bench(generator, prompts: Sequence[Prompt], variants: Sequence[Variant], decoding: Decoding,
-              warmup_tokens: int = 8, progress: bool = True, description: str = "bench") -> list[SampleRecord]:
+              warmup_tokens: int = 8, progress: bool = True, description: str = "bench",
+              checkpoint=None) -> list[SampleRecord]:
     """Run every variant on every prompt turn (see the module contract)."""
     labels = [variant.label for variant in variants]
     if len(set(labels)) != len(labels):
         raise ValueError(f"variant labels must be unique, got {labels}")
     ar_label = next((v.label for v in variants if v.method == "ar"), None)
     reference_label = ar_label or labels[0]
-    if warmup_tokens > 0 and prompts:
+    done: dict[int, list[SampleRecord]] = checkpoint.done if checkpoint is not None else {}
+    if warmup_tokens > 0 and prompts and len(done) < count_samples(prompts):
         warm = replace(decoding, max_new_tokens=warmup_tokens)
         first_ids = prompt_ids(generator, prompts[0], [], 0)
         with _progress_bar(len(variants), f"{description} warm-up", progress) as bar:
@@ -81,6 +86,7 @@ def run_bench(generator, prompts: Sequence[Prompt], variants: Sequence[Variant],
                 run_variant(generator, variant, first_ids, warm, decoding.seed)
                 bar.update(1)
     bar = _progress_bar(count_samples(prompts) * len(variants), description, progress)
+    bar.update(len(variants) * sum(1 for i in done if i < count_samples(prompts)))
     records: list[SampleRecord] = []
     index = 0
     try:
@@ -89,21 +95,14 @@ def run_bench(generator, prompts: Sequence[Prompt], variants: Sequence[Variant],
             for turn in range(prompt.num_turns):
                 ids = prompt_ids(generator, prompt, history, turn)
                 seed = decoding.seed + index
-                outcomes: dict[str, Outcome] = {}
-                shift = index % len(variants)
-                for variant in list(variants[shift:]) + list(variants[:shift]):
-                    bar.set_postfix_str(f"{prompt.dataset} #{prompt.question_id} t{turn + 1} {variant.label}")
-                    outcomes[variant.label] = run_variant(generator, variant, ids, decoding, seed)
-                    bar.update(1)
-                ar_tokens = outcomes[ar_label].token_ids if ar_label and decoding.greedy else None
-                for variant in variants:
-                    outcome = outcomes[variant.label]
-                    records.append(SampleRecord(
-                        index=index, dataset=prompt.dataset, question_id=prompt.question_id, turn=turn + 1,
-                        label=variant.label, method=variant.method, prompt_tokens=int(ids.numel()), seed=seed,
-                        outcome=outcome, text=text_of(generator, outcome.token_ids),
-                        identical_to_ar=None if ar_tokens is None else outcome.token_ids == ar_tokens,
-                    ))
+                if index in done:
+                    turn_records = done[index]
+                else:
+                    turn_records = _run_sample(generator, variants, prompt, turn, ids, decoding, seed, index, bar)
+                    if checkpoint is not None:
+                        checkpoint.append(turn_records)
+                records.extend(turn_records)
+                outcomes = {r.label: r.outcome for r in turn_records}
                 if prompt.input_ids is None:
                     answer = text_of(generator, outcomes[reference_label].token_ids)
                     history = history + [{"role": "user", "content": prompt.turns[turn]},
@@ -114,6 +113,25 @@ def run_bench(generator, prompts: Sequence[Prompt], variants: Sequence[Variant],
     finally:
         bar.close()
     return records
+
+
+def _run_sample(generator, variants: Sequence[Variant], prompt: Prompt, turn: int, ids: torch.Tensor,
+                decoding: Decoding, seed: int, index: int, bar) -> list[SampleRecord]:
+    """Every variant once on turn ``turn`` (0-based) of ``prompt``, in rotated order; records in variant order."""
+    outcomes: dict[str, Outcome] = {}
+    shift = index % len(variants)
+    for variant in list(variants[shift:]) + list(variants[:shift]):
+        bar.set_postfix_str(f"{prompt.dataset} #{prompt.question_id} t{turn + 1} {variant.label}")
+        outcomes[variant.label] = run_variant(generator, variant, ids, decoding, seed)
+        bar.update(1)
+    ar_label = next((v.label for v in variants if v.method == "ar"), None)
+    ar_tokens = outcomes[ar_label].token_ids if ar_label and decoding.greedy else None
+    return [SampleRecord(
+        index=index, dataset=prompt.dataset, question_id=prompt.question_id, turn=turn + 1, label=variant.label, method=variant.method,
+        prompt_tokens=int(ids.numel()), seed=seed, outcome=outcomes[variant.label],
+        text=text_of(generator, outcomes[variant.label].token_ids),
+        identical_to_ar=None if ar_tokens is None else outcomes[variant.label].token_ids == ar_tokens,
+    ) for variant in variants]
 
 
 def prompt_ids(generator, prompt: Prompt, history: list[dict], turn: int) -> torch.Tensor:
