@@ -368,6 +368,10 @@ def test_bench_resume_reuses_finished_prompt_turns_and_refuses_other_settings(us
     lines = (out / "checkpoint.jsonl").read_text().splitlines()
     assert len(lines) == 1 + 3 * 3
     (out / "checkpoint.jsonl").write_text("\n".join(lines[:1 + 3] + [lines[4][:40]]) + "\n")
+    capsys.readouterr()
+    assert main(argv) == 2  # an unfinished run is not replaced without --resume
+    assert "add --resume" in capsys.readouterr().err
+    assert len((out / "checkpoint.jsonl").read_text().splitlines()) == 1 + 3 + 1
     assert main(argv + ["--resume"]) == 0
     resumed = json.loads((out / "results.json").read_text())
     assert resumed["settings"]["resumed_samples"] == 1 and resumed["settings"]["complete"] is True

@@ -36,15 +36,26 @@ FILE_NAME = "checkpoint.jsonl"
 class Checkpoint:
     """Append-only record of complete prompt turns in ``out_dir/checkpoint.jsonl``.
 
-    ``resume=False`` starts a fresh file (an older one is replaced); ``resume=True`` loads the
-    complete prompt turns of an existing file whose fingerprint equals ``fingerprint`` (a missing
-    file is a fresh start). ``done`` maps a sample index to its records, in variant order.
+    ``resume=True`` loads the complete prompt turns of an existing file whose fingerprint equals
+    ``fingerprint`` (a missing file is a fresh start). ``resume=False`` starts a fresh file, except
+    that an *unfinished* run with the same settings (fewer than ``planned`` prompt turns) is never
+    thrown away silently: that is a TalonError asking for ``--resume`` or another folder. ``done``
+    maps a sample index to its records, in variant order.
     """
 
-    def __init__(self, out_dir: pathlib.Path, fingerprint: dict, resume: bool, variant_labels: Sequence[str]) -> None:
+    def __init__(self, out_dir: pathlib.Path, fingerprint: dict, resume: bool, variant_labels: Sequence[str],
+                 planned: int) -> None:
         self.path = pathlib.Path(out_dir) / FILE_NAME
         self.fingerprint = json.loads(json.dumps(fingerprint, default=str))
         self.done: dict[int, list[SampleRecord]] = {}
+        if not resume and self.path.exists():
+            try:
+                finished = len(self._load(list(variant_labels)))
+            except TalonError:
+                finished = None  # another run's checkpoint: replaced
+            if finished is not None and 0 < finished < planned:
+                raise TalonError(f"out: {self.path} holds an unfinished run with these settings ({finished} of "
+                                 f"{planned} prompt turns); add --resume to continue it, or choose another --out")
         if resume and self.path.exists():
             self.done = self._load(list(variant_labels))
             self._rewrite()  # drop any torn or partial prompt turn before appending

@@ -217,13 +217,15 @@ def _load_generator(args: argparse.Namespace):
 def _open_checkpoint(args: argparse.Namespace, kind: str, prompts, variants, decoding: Decoding):
     """The run's checkpoint in ``--out`` (created now, so that --resume mistakes fail before models load)."""
     from .checkpoint import Checkpoint
+    from .runner import count_samples
 
     if args.out is None:
         if args.resume:
             raise TalonError("resume: give the --out folder of the run to continue")
         args.out = f"runs/{kind}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
     return Checkpoint(pathlib.Path(args.out), run_fingerprint(args, kind, prompts, variants, decoding),
-                      resume=args.resume, variant_labels=[v.label for v in variants])
+                      resume=args.resume, variant_labels=[v.label for v in variants],
+                      planned=count_samples(prompts))
 
 
 def _run_and_write(args, generator, prompts, variants, decoding: Decoding, checkpoint, kind: str) -> int:
