@@ -62,6 +62,17 @@ class SampleRecord:
         return self.new_tokens / self.outcome.seconds if self.outcome.seconds > 0 else 0.0
 
 
+@dataclass(frozen=True)
+class Sample:
+    """One prompt turn to run: its run-order ``index``, ``turn`` (0-based) of ``prompt``, token ids, seed."""
+
+    index: int
+    prompt: Prompt
+    turn: int
+    ids: torch.Tensor  # [L] prompt token ids, chat template and earlier turns included
+    seed: int
+
+
 def count_samples(prompts: Sequence[Prompt]) -> int:
     """Prompt turns in ``prompts`` (each runs once per variant)."""
     return sum(prompt.num_turns for prompt in prompts)
@@ -94,11 +105,11 @@ def run_bench(generator, prompts: Sequence[Prompt], variants: Sequence[Variant],
             history: list[dict] = []
             for turn in range(prompt.num_turns):
                 ids = prompt_ids(generator, prompt, history, turn)
-                seed = decoding.seed + index
                 if index in done:
                     turn_records = done[index]
                 else:
-                    turn_records = _run_sample(generator, variants, prompt, turn, ids, decoding, seed, index, bar)
+                    sample = Sample(index=index, prompt=prompt, turn=turn, ids=ids, seed=decoding.seed + index)
+                    turn_records = _run_sample(generator, variants, sample, decoding, bar)
                     if checkpoint is not None:
                         checkpoint.append(turn_records)
                 records.extend(turn_records)
@@ -115,21 +126,20 @@ def run_bench(generator, prompts: Sequence[Prompt], variants: Sequence[Variant],
     return records
 
 
-def _run_sample(generator, variants: Sequence[Variant], prompt: Prompt, turn: int, ids: torch.Tensor,
-                decoding: Decoding, seed: int, index: int, bar) -> list[SampleRecord]:
-    """Every variant once on turn ``turn`` (0-based) of ``prompt``, in rotated order; records in variant order."""
+def _run_sample(generator, variants: Sequence[Variant], sample: Sample, decoding: Decoding, bar) -> list[SampleRecord]:
+    """Every variant once on one prompt turn, in rotated order; records in variant order."""
     outcomes: dict[str, Outcome] = {}
-    shift = index % len(variants)
+    shift = sample.index % len(variants)
     for variant in list(variants[shift:]) + list(variants[:shift]):
-        bar.set_postfix_str(f"{prompt.dataset} #{prompt.question_id} t{turn + 1} {variant.label}")
-        outcomes[variant.label] = run_variant(generator, variant, ids, decoding, seed)
+        bar.set_postfix_str(f"{sample.prompt.dataset} #{sample.prompt.question_id} t{sample.turn + 1} {variant.label}")
+        outcomes[variant.label] = run_variant(generator, variant, sample.ids, decoding, sample.seed)
         bar.update(1)
     ar_label = next((v.label for v in variants if v.method == "ar"), None)
     ar_tokens = outcomes[ar_label].token_ids if ar_label and decoding.greedy else None
     return [SampleRecord(
-        index=index, dataset=prompt.dataset, question_id=prompt.question_id, turn=turn + 1, label=variant.label, method=variant.method,
-        prompt_tokens=int(ids.numel()), seed=seed, outcome=outcomes[variant.label],
-        text=text_of(generator, outcomes[variant.label].token_ids),
+        index=sample.index, dataset=sample.prompt.dataset, question_id=sample.prompt.question_id,
+        turn=sample.turn + 1, label=variant.label, method=variant.method, prompt_tokens=int(sample.ids.numel()),
+        seed=sample.seed, outcome=outcomes[variant.label], text=text_of(generator, outcomes[variant.label].token_ids),
         identical_to_ar=None if ar_tokens is None else outcomes[variant.label].token_ids == ar_tokens,
     ) for variant in variants]
 
