@@ -96,8 +96,8 @@ def run_bench(generator, prompts: Sequence[Prompt], variants: Sequence[Variant],
                 bar.set_postfix_str(variant.label)
                 run_variant(generator, variant, first_ids, warm, decoding.seed)
                 bar.update(1)
-    bar = _progress_bar(count_samples(prompts) * len(variants), description, progress)
-    bar.update(len(variants) * sum(1 for i in done if i < count_samples(prompts)))
+    reloaded = len(variants) * sum(1 for i in done if i < count_samples(prompts))
+    bar = _progress_bar(count_samples(prompts) * len(variants), description, progress, initial=reloaded)
     records: list[SampleRecord] = []
     index = 0
     try:
@@ -159,8 +159,9 @@ def text_of(generator, token_ids: list[int]) -> str:
     return generator.tokenizer.decode(token_ids, skip_special_tokens=True)
 
 
-def _progress_bar(total: int, description: str, enabled: bool):
+def _progress_bar(total: int, description: str, enabled: bool, initial: int = 0):
+    """tqdm bar on stderr; ``initial`` counts work reloaded from a checkpoint (kept out of the rate and ETA)."""
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=description, unit="gen", file=sys.stderr, disable=not enabled,
+    return tqdm(total=total, initial=initial, desc=description, unit="gen", file=sys.stderr, disable=not enabled,
                 dynamic_ncols=True, mininterval=1.0)
