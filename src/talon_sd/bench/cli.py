@@ -235,13 +235,11 @@ def _run_and_write(args, generator, prompts, variants, decoding: Decoding, check
 
     out_dir = pathlib.Path(args.out)
     load_before = getattr(args, "load_before", None)
-    resumed = len(checkpoint.done)
+    planned, resumed = count_samples(prompts), len(checkpoint.done)
     if resumed:
-        print(f"talon: resuming {out_dir}: {resumed} of {count_samples(prompts)} prompt turns already done",
-              file=sys.stderr)
+        print(f"talon: resuming {out_dir}: {resumed} of {planned} prompt turns already done", file=sys.stderr)
     records = run_bench(generator, prompts, variants, decoding, warmup_tokens=args.warmup_tokens,
                         progress=not args.no_progress, description=kind, checkpoint=checkpoint)
-    planned = count_samples(prompts)
     done = len({r.index for r in records})
     if not records:
         print("talon: interrupted before the first prompt finished; nothing written", file=sys.stderr)

@@ -96,8 +96,8 @@ def run_bench(generator, prompts: Sequence[Prompt], variants: Sequence[Variant],
                 bar.set_postfix_str(variant.label)
                 run_variant(generator, variant, first_ids, warm, decoding.seed)
                 bar.update(1)
-    reloaded = len(variants) * sum(1 for i in done if i < count_samples(prompts))
-    bar = _progress_bar(count_samples(prompts) * len(variants), description, progress, initial=reloaded)
+    bar = _progress_bar(count_samples(prompts) * len(variants), description, progress,
+                        initial=len(variants) * len(done))
     records: list[SampleRecord] = []
     index = 0
     try:
