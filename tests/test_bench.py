@@ -224,6 +224,8 @@ def test_tune_bad_arguments_fail_before_loading_models(no_models, capsys):
     assert "talon-mus: mu: got 2.0, expected a number in (0, 1]" in capsys.readouterr().err
     assert main(["tune", "--threads", "1", "--methods", "ar"]) == 2
     assert "methods: got 'ar'" in capsys.readouterr().err
+    assert main(["tune", "--threads", "1", "--temperature", "-1"]) == 2
+    assert "temperature: got -1.0, expected a number >= 0" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------------------ tuner
@@ -354,6 +356,60 @@ def test_tuned_profile_round_trip_for_budget_auto(use_generator, generator, tmp_
     assert results["settings"]["profile"] == str(path)
     trees = {v["label"]: v["tree"] for v in results["variants"]}
     assert trees["talon"]["budget"] == talon["best"]["budget"] and trees["static"]["budget"] == talon["best"]["budget"]
+
+
+def test_sampling_profile_serves_sampled_runs_only(use_generator, generator, tmp_path):
+    """A profile calibrated at temperature 1 answers `--budget auto` for sampled runs (any temperature),
+    never for greedy ones; a profile without a temperature in its key (older format) counts as greedy."""
+    from talon_sd.bench.measure import calibrate
+    from talon_sd.bench.profiles import find_profile, profile_key, profile_path, save_profile
+    from talon_sd.bench.tuner import TuneSettings, run_tune
+    from talon_sd.config import TreeConfig
+
+    prompt_ids = [torch.tensor([5, 17, 42, 8]), torch.tensor([33, 12, 7])]
+    sampled = [calibrate(generator, TreeConfig("talon", budget=8), prompt_ids, 8, temperature=1.0, seed=s)
+               for s in (0, 0, 1)]
+    greedy = calibrate(generator, TreeConfig("talon", budget=8), prompt_ids, 8)
+    assert sampled[0].mat == sampled[1].mat and sampled[0].tree_sizes == sampled[1].tree_sizes  # seeded
+    assert (sampled[0].mat, sampled[0].tree_sizes) != (greedy.mat, greedy.tree_sizes) or sampled[2].mat != greedy.mat
+
+    settings = TuneSettings(verify_sizes=(1, 8), draft_widths=(1, 4), root_widths=(1,), repeats=1,
+                            calibration_tokens=6, temperature=1.0, stages={"talon": (("budget", (4, 8)),)})
+    with pytest.raises(ValueError, match="temperature"):
+        run_tune(generator, ["talon"], settings, profile_key(None, None, "float32"), prompt_ids=prompt_ids,
+                 progress=False)
+    key = profile_key(None, None, "float32", temperature=1.0)
+    profile = run_tune(generator, ["talon"], settings, key, prompt_ids=prompt_ids, progress=False)
+    assert profile["key"]["temperature"] == 1.0 and profile["settings"]["temperature"] == 1.0
+    path = save_profile(profile)
+    assert "--t1--" in path.name
+    best = {k: profile["methods"]["talon"]["best"][k] for k in ("budget", "mu", "topk")}
+    assert tuned_tree_options("talon", None, None, "float32", temperature=1.0) == best
+    assert tuned_tree_options("talon", None, None, "float32", temperature=0.7) == best  # nearest temperature
+    with pytest.raises(TalonError, match=r"needs a tuned profile; run `talon tune .*--dtype float32 --threads 1` first$"):
+        tuned_tree_options("talon", None, None, "float32")  # greedy run: the sampling profile does not serve it
+
+    # A greedy profile of the older format (no temperature in the key) serves greedy runs only.
+    legacy_key = {k: v for k, v in profile_key(None, None, "float32").items() if k != "temperature"}
+    legacy = {**profile, "key": legacy_key, "settings": {**profile["settings"], "temperature": 0.0},
+              "methods": {"talon": {**profile["methods"]["talon"], "best": {**profile["methods"]["talon"]["best"],
+                                                                            "budget": 5}}}}
+    legacy_path = profile_path(legacy_key)
+    save_profile(legacy, legacy_path)
+    assert find_profile(profile_key(None, None, "float32"))[1] == legacy_path
+    assert tuned_tree_options("talon", None, None, "float32")["budget"] == 5
+    assert tuned_tree_options("talon", None, None, "float32", temperature=1.0) == best
+    with pytest.raises(TalonError, match=r"for sampling \(temperature 1\); run `talon tune .* --temperature 1` first"):
+        tuned_tree_options("talon", "other-target", None, "float32", temperature=1.0)
+
+    # The bench CLI picks the profile of its own decoding mode.
+    out = tmp_path / "auto-t1"
+    assert main(["bench", "--dtype", "float32", "--budget", "auto", "--methods", "talon", "--datasets", "qa",
+                 "--limit", "1", "--max-new-tokens", "4", "--temperature", "1", "--threads", "1", "--no-progress",
+                 "--no-plots", "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["settings"]["profile"] == str(path)
+    assert {v["label"]: v["tree"] for v in results["variants"]}["talon"]["budget"] == best["budget"]
 
 
 def test_bench_resume_reuses_finished_prompt_turns_and_refuses_other_settings(use_generator, tmp_path, capsys):

@@ -107,7 +107,7 @@ def tree_options(args: argparse.Namespace, tree_config_class=None):
     if budget == "auto":
         from .bench.tune import tuned_tree_options
 
-        options = {**tuned_tree_options(args.tree, args.target, args.draft, args.dtype), **options}
+        options = {**tuned_tree_options(args.tree, args.target, args.draft, args.dtype, args.temperature), **options}
     return TreeConfig(method=args.tree, **options)
 
 

@@ -74,6 +74,10 @@ def register(commands) -> None:
     tune.add_argument("--eagle-topks", default=None, help="default 2,4,8")
     tune.add_argument("--chain-depths", default=None, help="default 1,2,3,4,5,6")
     tune.add_argument("--static-budgets", default=None, help="default 4,6,8,12,16,24,32")
+    tune.add_argument("--temperature", type=float, default=0.0,
+                      help="calibrate acceptance at this temperature: 0 = greedy (default); the profile serves "
+                           "--budget auto only for runs of the same mode (greedy, or sampling)")
+    tune.add_argument("--seed", type=int, default=0, help="calibration prompt i samples with seed + i")
     tune.add_argument("--tolerance", type=float, default=0.0,
                       help="prefer the smallest budget within this fraction of the best prediction")
     tune.add_argument("--no-progress", action="store_true")
@@ -145,7 +149,7 @@ def _method_overrides(args: argparse.Namespace) -> dict[str, dict]:
 def _tuned_lookup(args: argparse.Namespace):
     from .tune import tuned_tree_options
 
-    return lambda method: tuned_tree_options(method, args.target, args.draft, args.dtype)
+    return lambda method: tuned_tree_options(method, args.target, args.draft, args.dtype, args.temperature)
 
 
 # ---------------------------------------------------------------------------------------------- sweep
@@ -288,7 +292,7 @@ def _profile_used(args: argparse.Namespace, variants) -> str | None:
         return None
     from .profiles import find_profile, profile_key
 
-    found = find_profile(profile_key(args.target, args.draft, args.dtype))
+    found = find_profile(profile_key(args.target, args.draft, args.dtype, temperature=args.temperature))
     return str(found[1]) if found else None
 
 
@@ -370,6 +374,10 @@ def run_tune_command(args: argparse.Namespace) -> int:
             raise bad_argument(name.replace("_", "-"), value, "an integer >= 1")
     if not 0 <= args.tolerance < 1:
         raise bad_argument("tolerance", args.tolerance, "a number in [0, 1)")
+    if not args.temperature >= 0:
+        raise bad_argument("temperature", args.temperature, "a number >= 0 (0 = greedy)")
+    if args.seed < 0:
+        raise bad_argument("seed", args.seed, "an integer >= 0")
     stages = {method: _stages(args, method, DEFAULT_STAGES[method]) for method in methods}
     calibration_datasets = parse_dataset_names(args.calibration_datasets)
     if not calibration_datasets:
@@ -379,9 +387,9 @@ def run_tune_command(args: argparse.Namespace) -> int:
         draft_widths=tuple(_positive("draft-widths", args.draft_widths, DRAFT_WIDTHS)),
         context=args.context, repeats=args.repeats, calibration_datasets=tuple(calibration_datasets),
         calibration_prompts=args.calibration_prompts, calibration_tokens=args.calibration_tokens,
-        tolerance=args.tolerance, stages=stages,
+        tolerance=args.tolerance, temperature=args.temperature, seed=args.seed, stages=stages,
     )
-    key = profile_key(args.target, args.draft, args.dtype, args.device, args.threads)
+    key = profile_key(args.target, args.draft, args.dtype, args.device, args.threads, args.temperature)
     _check_load(args)
     generator = _load_generator(args)
     key["dtype"] = str(generator.target.dtype).replace("torch.", "")

@@ -6,7 +6,8 @@
   mask, logits for every node); the draft as in a tree expansion (logits + log-softmax for every
   node) and, for the first forward of a step, as the root expansion (``last_only`` logits).
 * :func:`calibrate` runs the real decoding loop (:func:`talon_sd.decoding.decode`) for one tree
-  configuration on a few prompts, greedy, and returns an :class:`~talon_sd.bench.tune.AcceptancePoint`:
+  configuration on a few prompts, greedy or sampled (prompt i with seed + i, so every configuration
+  sees the same random streams), and returns an :class:`~talon_sd.bench.tune.AcceptancePoint`:
   MAT, the distribution of tree sizes, the widths of the draft forwards (recorded by wrapping the
   drafter) and the measured per-step overhead.
 """
@@ -120,13 +121,16 @@ class RecordingDrafter(Drafter):
         self.pending = len(getattr(self.inner, "pending", new_tokens)) or 1
 
 
-def calibrate(generator, tree: TreeConfig, prompts: Sequence[torch.Tensor], max_new_tokens: int) -> AcceptancePoint:
-    """Greedy decoding of ``prompts`` (token ids [L] each) with ``tree``; pooled stats as an AcceptancePoint."""
+def calibrate(generator, tree: TreeConfig, prompts: Sequence[torch.Tensor], max_new_tokens: int,
+              temperature: float = 0.0, seed: int = 0) -> AcceptancePoint:
+    """Decoding of ``prompts`` (token ids [L] each) with ``tree``, greedy at ``temperature`` 0, else
+    sampled (prompt i with ``seed + i``); pooled stats as an AcceptancePoint."""
     steps = committed = new_tokens = 0
     decode_seconds = overhead_seconds = 0.0
     sizes: Counter = Counter()
     recorder = None
-    for ids in prompts:
+    for index, ids in enumerate(prompts):
+        sampling = SamplingConfig(do_sample=temperature > 0, temperature=temperature or 1.0, seed=seed + index)
         drafter = None
         if tree.method != "ar":
             recorder = RecordingDrafter(ModelDrafter(generator.draft)) if recorder is None else recorder
@@ -134,7 +138,7 @@ def calibrate(generator, tree: TreeConfig, prompts: Sequence[torch.Tensor], max_
         room = generator.target.max_positions - int(ids.numel()) - tree.budget
         stop = StopCondition(max_new_tokens=max(1, min(max_new_tokens, room)), eos_token_ids=generator.eos_token_ids)
         stats = DecodeStats(method=tree.label)
-        pipeline = Pipeline(generator.target, drafter, make_builder(tree), SamplingConfig())
+        pipeline = Pipeline(generator.target, drafter, make_builder(tree), sampling)
         for _ in decode(pipeline, ids, stop, stats):
             pass
         steps += stats.target_forwards

@@ -1,11 +1,15 @@
 """Per-machine tuning profiles written by ``talon tune`` and read by ``--budget auto``.
 
-A profile is one JSON file ``<cache>/profiles/<target>--<draft>--<dtype>--<hash>.json`` where
-``<cache>`` is :func:`talon_sd.models.cache_dir` (``$TALON_SD_CACHE`` or ``~/.cache/talon-sd``) and
-``<hash>`` hashes the key::
+A profile is one JSON file ``<cache>/profiles/<target>--<draft>--<dtype>--t<temperature>--<hash>.json``
+where ``<cache>`` is :func:`talon_sd.models.cache_dir` (``$TALON_SD_CACHE`` or ``~/.cache/talon-sd``)
+and ``<hash>`` hashes the key::
 
     {"cpu": "<CPU model>", "threads": <torch threads>, "device": "cpu" | "cuda:<GPU name>",
-     "target": "<model name>", "draft": "<model name>", "dtype": "bfloat16" | "float32" | ...}
+     "target": "<model name>", "draft": "<model name>", "dtype": "bfloat16" | "float32" | ...,
+     "temperature": 0.0 | <the sampling temperature the acceptance was calibrated at>}
+
+The temperature is part of the key because acceptance is: sampled drafts are accepted far less often
+than greedy ones, so the best budget at temperature 1 is not the best greedy budget.
 
 Profile file::
 
@@ -15,8 +19,10 @@ Profile file::
      "methods": {"talon": {"best": {TreeConfig fields}, "predicted_tokens_per_s",
                            "candidates": [{AcceptancePoint..., "predicted_tokens_per_s"}]}, ...}}
 
-Lookup (:func:`find_profile`) wants the same key; when only the thread count differs it takes the
-profile with the nearest thread count (same CPU, device, models and dtype). Saving merges with an
+Lookup (:func:`find_profile`) wants the same key; otherwise it takes the profile of the same CPU,
+device, models, dtype and decoding mode (greedy, or sampling) with the nearest thread count, then the
+nearest temperature. A greedy profile never serves a sampled run, nor the other way round. Profiles
+written before the key had a temperature count as greedy. Saving merges with an
 existing profile of the same key: methods not re-tuned are kept.
 """
 
@@ -72,19 +78,26 @@ def dtype_name(dtype, device=None) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def profile_key(target: str | None, draft: str | None, dtype, device=None, threads: int | None = None) -> dict:
-    """The key of the profile for this machine, model pair and dtype."""
+def profile_key(target: str | None, draft: str | None, dtype, device=None, threads: int | None = None,
+                temperature: float = 0.0) -> dict:
+    """The key of the profile for this machine, model pair, dtype and decoding temperature (0 = greedy)."""
     from .. import models
     from .machine import machine_key
 
     resolved_device = models.resolve_device(device)
     return {**machine_key(resolved_device, threads), "target": model_name(target, "target"),
-            "draft": model_name(draft, "draft"), "dtype": dtype_name(dtype, resolved_device)}
+            "draft": model_name(draft, "draft"), "dtype": dtype_name(dtype, resolved_device),
+            "temperature": float(temperature)}
+
+
+def _temperature(key: dict) -> float:
+    return float(key.get("temperature", 0.0))
 
 
 def profile_path(key: dict) -> pathlib.Path:
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
-    parts = [pathlib.Path(key["target"]).name, pathlib.Path(key["draft"]).name, key["dtype"], digest]
+    parts = [pathlib.Path(key["target"]).name, pathlib.Path(key["draft"]).name, key["dtype"],
+             f"t{_temperature(key):g}", digest]
     slug = "--".join(re.sub(r"[^A-Za-z0-9._-]+", "_", part) for part in parts)
     return profiles_dir() / f"{slug}.json"
 
@@ -98,7 +111,8 @@ def _read(path: pathlib.Path) -> dict | None:
 
 
 def find_profile(key: dict) -> tuple[dict, pathlib.Path] | None:
-    """(profile, path) for ``key``: exact, else same key but the nearest thread count; None if none."""
+    """(profile, path) for ``key``: exact, else the nearest thread count and temperature of the same
+    decoding mode (everything else equal); None if none."""
     path = profile_path(key)
     exact = _read(path)
     if exact is not None and exact.get("key") == key:
@@ -106,15 +120,19 @@ def find_profile(key: dict) -> tuple[dict, pathlib.Path] | None:
     folder = profiles_dir()
     if not folder.is_dir():
         return None
+    sampling = _temperature(key) > 0
     others = []
     for candidate in sorted(folder.glob("*.json")):
         data = _read(candidate)
         other = (data or {}).get("key") or {}
-        if other and all(other.get(k) == v for k, v in key.items() if k != "threads"):
-            others.append((abs(int(other.get("threads", 0)) - int(key["threads"])), candidate.name, data, candidate))
+        if (other and all(other.get(k) == v for k, v in key.items() if k not in ("threads", "temperature"))
+                and (_temperature(other) > 0) == sampling):
+            distance = (abs(int(other.get("threads", 0)) - int(key["threads"])),
+                        abs(_temperature(other) - _temperature(key)), candidate.name)
+            others.append((distance, data, candidate))
     if not others:
         return None
-    _, _, data, candidate = min(others, key=lambda item: (item[0], item[1]))
+    _, data, candidate = min(others, key=lambda item: item[0])
     return data, candidate
 
 
@@ -134,4 +152,5 @@ def save_profile(profile: dict, path: pathlib.Path | None = None) -> pathlib.Pat
 
 def tune_command(key: dict) -> str:
     """The ``talon tune`` command that writes the profile of ``key``."""
-    return f"talon tune --target {key['target']} --draft {key['draft']} --dtype {key['dtype']} --threads {key['threads']}"
+    command = f"talon tune --target {key['target']} --draft {key['draft']} --dtype {key['dtype']} --threads {key['threads']}"
+    return command + (f" --temperature {_temperature(key):g}" if _temperature(key) > 0 else "")

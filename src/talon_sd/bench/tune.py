@@ -222,8 +222,12 @@ def tuned_options(method: str, options: dict) -> dict:
     return {name: options[name] for name in TUNED_FIELDS.get(method, ()) if options.get(name) is not None}
 
 
-def tuned_tree_options(method: str, target: str | None, draft: str | None, dtype: str | None) -> dict:
-    """The tuned TreeConfig options of ``method`` for this machine, model pair and dtype.
+def tuned_tree_options(method: str, target: str | None, draft: str | None, dtype: str | None,
+                       temperature: float = 0.0) -> dict:
+    """The tuned TreeConfig options of ``method`` for this machine, model pair, dtype and decoding mode.
+
+    ``temperature`` is the run's (0 = greedy): a sampled run takes a profile calibrated by sampling
+    (:func:`talon_sd.bench.profiles.find_profile`), a greedy run a greedy one.
 
     e.g. ``{"budget": 12, "mu": 0.03, "topk": 4}`` (talon), ``{"budget": 16, "topk": 4, "depth": 3}``
     (eagle), ``{"depth": 3}`` (chain), ``{"budget": 12}`` (static; TALON's N when static was not
@@ -235,10 +239,11 @@ def tuned_tree_options(method: str, target: str | None, draft: str | None, dtype
         return {}
     if method not in TUNED_FIELDS:
         raise TalonError(f"budget: 'auto' is not available for method {method!r}")
-    key = profile_key(target, draft, dtype)
+    key = profile_key(target, draft, dtype, temperature=temperature)
     found = find_profile(key)
     if found is None:
-        raise TalonError(f"budget: 'auto' needs a tuned profile; run `{tune_command(key)}` first")
+        mode = f" for sampling (temperature {temperature:g})" if temperature > 0 else ""
+        raise TalonError(f"budget: 'auto' needs a tuned profile{mode}; run `{tune_command(key)}` first")
     profile, path = found
     methods = profile.get("methods", {})
     if method in methods:

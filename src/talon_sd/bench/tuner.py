@@ -5,7 +5,7 @@ Steps (the cost model is in :mod:`talon_sd.bench.tune`):
 1. forward costs: target verification for :data:`~talon_sd.bench.tune.VERIFY_SIZES`, draft expansion
    for :data:`~talon_sd.bench.tune.DRAFT_WIDTHS`, draft root expansion for ``ROOT_WIDTHS``;
 2. calibration of ``ar`` (the reference speed) and, per method, a :func:`coordinate_search` over its
-   stages, each configuration decoded greedily on ``calibration_prompts`` prompts x
+   stages, each configuration decoded (greedy, or sampled at ``temperature`` with fixed seeds) on ``calibration_prompts`` prompts x
    ``calibration_tokens`` tokens with the real loop;
 3. the profile dict (schema in :mod:`talon_sd.bench.profiles`), saved by the caller.
 
@@ -41,6 +41,8 @@ class TuneSettings:
     calibration_prompts: int = 3
     calibration_tokens: int = 24
     tolerance: float = 0.0  # see choose_budget
+    temperature: float = 0.0  # calibration decoding: 0 = greedy, > 0 samples (acceptance depends on it)
+    seed: int = 0  # calibration prompt i samples with seed + i
     stages: dict = field(default_factory=lambda: dict(DEFAULT_STAGES))
 
 
@@ -76,7 +78,12 @@ def measure_costs(generator, settings: TuneSettings, progress: bool = True) -> C
 
 def run_tune(generator, methods: Sequence[str], settings: TuneSettings, key: dict,
              prompt_ids: Sequence[torch.Tensor] | None = None, progress: bool = True) -> dict:
-    """Steps 1-3; returns the profile dict. ``prompt_ids`` replaces the calibration prompts (tests)."""
+    """Steps 1-3; returns the profile dict. ``prompt_ids`` replaces the calibration prompts (tests).
+
+    ``key`` (:func:`talon_sd.bench.profiles.profile_key`) must name the temperature the settings
+    calibrate at: a profile is only ever used by runs of that decoding mode."""
+    if float(key.get("temperature", 0.0)) != settings.temperature:
+        raise ValueError(f"key temperature {key.get('temperature')} != settings.temperature {settings.temperature}")
     from tqdm import tqdm
 
     from .machine import machine_info, versions
@@ -89,7 +96,8 @@ def run_tune(generator, methods: Sequence[str], settings: TuneSettings, key: dic
               dynamic_ncols=True, mininterval=1.0) as bar:
         def calibrated(config: TreeConfig):
             bar.set_postfix_str(config.label)
-            point = calibrate(generator, config, prompts, settings.calibration_tokens)
+            point = calibrate(generator, config, prompts, settings.calibration_tokens, settings.temperature,
+                              settings.seed)
             bar.update(1)
             return point
 
@@ -113,7 +121,7 @@ def run_tune(generator, methods: Sequence[str], settings: TuneSettings, key: dic
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine_info(), "versions": versions(),
         "settings": {**{k: v for k, v in asdict(settings).items() if k != "stages"}, "stages": stages,
-                     "calibration_prompt_tokens": [int(p.numel()) for p in prompts], "temperature": 0.0},
+                     "calibration_prompt_tokens": [int(p.numel()) for p in prompts]},
         "cost_curve": cost.to_dict(),
         "ar": {**reference.to_dict(), "predicted_tokens_per_s": round(predicted_tokens_per_s(cost, reference), 4)},
         "methods": results,
