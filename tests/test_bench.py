@@ -176,7 +176,10 @@ def test_sweep_cli_plots_speedup_against_budget(use_generator, tmp_path):
     (["--limit", "-3"], "limit: got -3, expected an integer >= 1"),
     (["--max-new-tokens", "0"], "max-new-tokens: got 0"),
     (["--talon-budget", "1"], "budget: got 1, expected an integer >= 2"),
-    (["--budget", "auto"], "budget: 'auto' needs a tuned profile; run `talon tune"),
+    (["--budget", "auto"], "budget: 'auto' needs a profile tuned for greedy decoding; run `talon tune"),
+    (["--temperature", "nan"], "temperature: got nan, expected a number >= 0"),
+    (["--budget", "auto", "--temperature", "0.8"],
+     "budget: 'auto' needs a profile tuned for sampling (temperature 0.8); run `talon tune"),
 ])
 def test_bench_bad_arguments_fail_before_loading_models(no_models, capsys, argv, message):
     assert main(["bench", "--threads", "1", *argv]) == 2
@@ -310,7 +313,7 @@ def test_tuned_profile_round_trip_for_budget_auto(use_generator, generator, tmp_
     from talon_sd.bench.profiles import find_profile, profile_key
     from talon_sd.bench.tuner import TuneSettings, profile_table, run_tune
 
-    with pytest.raises(TalonError, match=r"budget: 'auto' needs a tuned profile; run `talon tune .*--dtype float32"):
+    with pytest.raises(TalonError, match=r"budget: 'auto' needs a profile tuned for greedy decoding; run `talon tune .*--dtype float32"):
         tuned_tree_options("talon", None, None, "float32")
     assert tuned_tree_options("ar", None, None, "float32") == {}
 
@@ -371,7 +374,7 @@ def test_sampling_profile_serves_sampled_runs_only(use_generator, generator, tmp
                for s in (0, 0, 1)]
     greedy = calibrate(generator, TreeConfig("talon", budget=8), prompt_ids, 8)
     assert sampled[0].mat == sampled[1].mat and sampled[0].tree_sizes == sampled[1].tree_sizes  # seeded
-    assert (sampled[0].mat, sampled[0].tree_sizes) != (greedy.mat, greedy.tree_sizes) or sampled[2].mat != greedy.mat
+    assert sampled[0].mat != sampled[2].mat and sampled[0].mat != greedy.mat  # the seed and the mode matter
 
     settings = TuneSettings(verify_sizes=(1, 8), draft_widths=(1, 4), root_widths=(1,), repeats=1,
                             calibration_tokens=6, temperature=1.0, stages={"talon": (("budget", (4, 8)),)})
@@ -385,22 +388,37 @@ def test_sampling_profile_serves_sampled_runs_only(use_generator, generator, tmp
     assert "--t1--" in path.name
     best = {k: profile["methods"]["talon"]["best"][k] for k in ("budget", "mu", "topk")}
     assert tuned_tree_options("talon", None, None, "float32", temperature=1.0) == best
-    assert tuned_tree_options("talon", None, None, "float32", temperature=0.7) == best  # nearest temperature
-    with pytest.raises(TalonError, match=r"needs a tuned profile; run `talon tune .*--dtype float32 --threads 1` first$"):
+    with pytest.raises(TalonError, match=r"needs a profile tuned for greedy decoding; run `talon tune "
+                                         r".*--dtype float32 --threads 1` first$"):
         tuned_tree_options("talon", None, None, "float32")  # greedy run: the sampling profile does not serve it
 
-    # A greedy profile of the older format (no temperature in the key) serves greedy runs only.
-    legacy_key = {k: v for k, v in profile_key(None, None, "float32").items() if k != "temperature"}
-    legacy = {**profile, "key": legacy_key, "settings": {**profile["settings"], "temperature": 0.0},
-              "methods": {"talon": {**profile["methods"]["talon"], "best": {**profile["methods"]["talon"]["best"],
-                                                                            "budget": 5}}}}
-    legacy_path = profile_path(legacy_key)
-    save_profile(legacy, legacy_path)
-    assert find_profile(profile_key(None, None, "float32"))[1] == legacy_path
+    def variant(base: dict, key: dict, budget: int, methods=("talon",)) -> dict:
+        """``base`` under another key, its methods' best budget set to ``budget``."""
+        entries = {m: {**base["methods"]["talon"], "best": {**base["methods"]["talon"]["best"], "budget": budget}}
+                   for m in methods}
+        return {**base, "key": key, "settings": {**base["settings"], "temperature": key.get("temperature", 0.0)},
+                "methods": entries}
+
+    # A sampled run takes the profile of the nearest temperature.
+    save_profile(variant(profile, profile_key(None, None, "float32", temperature=0.5), 7))
+    assert tuned_tree_options("talon", None, None, "float32", temperature=0.7)["budget"] == 7
+    assert tuned_tree_options("talon", None, None, "float32", temperature=0.9) == best
+
+    # A greedy profile of the older format (no temperature in the key, older file name) serves greedy
+    # runs only; a current-format greedy profile is preferred to it, and re-tuning keeps its methods.
+    greedy_key = profile_key(None, None, "float32", threads=2)
+    legacy_key = {k: v for k, v in greedy_key.items() if k != "temperature"}
+    legacy_path = save_profile(variant(profile, legacy_key, 5, methods=("talon", "eagle")))
+    assert "--t" not in legacy_path.name
+    assert find_profile(profile_key(None, None, "float32"))[1] == legacy_path  # nearest threads (1 vs 2)
     assert tuned_tree_options("talon", None, None, "float32")["budget"] == 5
     assert tuned_tree_options("talon", None, None, "float32", temperature=1.0) == best
     with pytest.raises(TalonError, match=r"for sampling \(temperature 1\); run `talon tune .* --temperature 1` first"):
         tuned_tree_options("talon", "other-target", None, "float32", temperature=1.0)
+    new_path = save_profile(variant(profile, greedy_key, 6))  # re-tuned talon only, current format
+    assert "--t0--" in new_path.name and set(json.loads(new_path.read_text())["methods"]) == {"talon", "eagle"}
+    assert find_profile(profile_key(None, None, "float32"))[1] == new_path  # threads tie: current format wins
+    assert tuned_tree_options("talon", None, None, "float32")["budget"] == 6
 
     # The bench CLI picks the profile of its own decoding mode.
     out = tmp_path / "auto-t1"

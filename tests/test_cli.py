@@ -65,6 +65,7 @@ BAD_INPUTS = [
     ({"extra": ["--mu", "1.5"]}, "mu"),
     ({"extra": ["--topk", "0"]}, "topk"),
     ({"extra": ["--temperature", "-1"]}, "temperature"),
+    ({"extra": ["--temperature", "nan"]}, "temperature"),
     ({"extra": ["--top-p", "0"]}, "top_p"),
     ({"extra": ["--top-p", "1.5"]}, "top_p"),
     ({"extra": ["--tree", "beam"]}, "tree"),

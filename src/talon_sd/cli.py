@@ -90,7 +90,7 @@ def validate_generate_args(args: argparse.Namespace) -> None:
     if not args.prompt.strip():
         raise TalonError("prompt: got '', expected a non-empty string")
     GenerationConfig(max_new_tokens=args.max_new_tokens, stop=tuple(args.stop))
-    if args.temperature < 0:
+    if not args.temperature >= 0:
         raise TalonError(f"temperature: got {args.temperature!r}, expected a number >= 0")
     SamplingConfig(do_sample=args.temperature > 0, temperature=args.temperature, top_p=args.top_p,
                    top_k=args.top_k, seed=args.seed)

@@ -189,7 +189,7 @@ def _configure_threads(args: argparse.Namespace) -> None:
 def _prompts_and_decoding(args: argparse.Namespace):
     if isinstance(args.max_new_tokens, bool) or args.max_new_tokens < 1:
         raise bad_argument("max-new-tokens", args.max_new_tokens, "an integer >= 1")
-    if args.temperature < 0:
+    if not args.temperature >= 0:
         raise bad_argument("temperature", args.temperature, "a number >= 0 (0 = greedy)")
     if args.seed < 0:
         raise bad_argument("seed", args.seed, "an integer >= 0")

@@ -20,14 +20,16 @@ Profile file::
                            "candidates": [{AcceptancePoint..., "predicted_tokens_per_s"}]}, ...}}
 
 Lookup (:func:`find_profile`) wants the same key; otherwise it takes the profile of the same CPU,
-device, models, dtype and decoding mode (greedy, or sampling) with the nearest thread count, then the
-nearest temperature. A greedy profile never serves a sampled run, nor the other way round. Profiles
-written before the key had a temperature count as greedy. Saving merges with an
-existing profile of the same key: methods not re-tuned are kept.
+device, models, dtype and decoding mode (greedy, or sampling) with the nearest temperature, then the
+nearest thread count (ties: current format before older, newest first). A greedy profile never serves
+a sampled run, nor the other way round. Profiles written before the key had a temperature count as
+greedy. Saving merges with an existing profile of the same key (for a greedy key, also one written in the older format): methods
+not re-tuned are kept.
 """
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import os
@@ -95,9 +97,10 @@ def _temperature(key: dict) -> float:
 
 
 def profile_path(key: dict) -> pathlib.Path:
+    """Where the profile of ``key`` lives (a key without a temperature gets the older file name)."""
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
-    parts = [pathlib.Path(key["target"]).name, pathlib.Path(key["draft"]).name, key["dtype"],
-             f"t{_temperature(key):g}", digest]
+    temperature = [f"t{_temperature(key):g}"] if "temperature" in key else []
+    parts = [pathlib.Path(key["target"]).name, pathlib.Path(key["draft"]).name, key["dtype"], *temperature, digest]
     slug = "--".join(re.sub(r"[^A-Za-z0-9._-]+", "_", part) for part in parts)
     return profiles_dir() / f"{slug}.json"
 
@@ -111,8 +114,9 @@ def _read(path: pathlib.Path) -> dict | None:
 
 
 def find_profile(key: dict) -> tuple[dict, pathlib.Path] | None:
-    """(profile, path) for ``key``: exact, else the nearest thread count and temperature of the same
-    decoding mode (everything else equal); None if none."""
+    """(profile, path) for ``key``: exact, else the same decoding mode (everything else equal) at the
+    nearest temperature, then the nearest thread count, then a current-format key before an older
+    one, then the newest; None if none."""
     path = profile_path(key)
     exact = _read(path)
     if exact is not None and exact.get("key") == key:
@@ -127,8 +131,9 @@ def find_profile(key: dict) -> tuple[dict, pathlib.Path] | None:
         other = (data or {}).get("key") or {}
         if (other and all(other.get(k) == v for k, v in key.items() if k not in ("threads", "temperature"))
                 and (_temperature(other) > 0) == sampling):
-            distance = (abs(int(other.get("threads", 0)) - int(key["threads"])),
-                        abs(_temperature(other) - _temperature(key)), candidate.name)
+            distance = (abs(_temperature(other) - _temperature(key)),
+                        abs(int(other.get("threads", 0)) - int(key["threads"])),
+                        "temperature" not in other, -_created(data), candidate.name)
             others.append((distance, data, candidate))
     if not others:
         return None
@@ -136,11 +141,33 @@ def find_profile(key: dict) -> tuple[dict, pathlib.Path] | None:
     return data, candidate
 
 
-def save_profile(profile: dict, path: pathlib.Path | None = None) -> pathlib.Path:
-    """Write ``profile`` (merged with an existing one of the same key) atomically; returns its path."""
-    path = path or profile_path(profile["key"])
+def _created(profile: dict) -> float:
+    try:
+        return datetime.datetime.fromisoformat(profile.get("created", "")).timestamp()
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _previous(key: dict, path: pathlib.Path) -> dict | None:
+    """The saved profile a new one of ``key`` merges with: same key, or for a greedy key the same
+    key written in the older format (without a temperature)."""
     previous = _read(path)
-    if previous is not None and previous.get("key") == profile["key"]:
+    if previous is not None and previous.get("key") == key:
+        return previous
+    if _temperature(key) == 0:
+        legacy_key = {k: v for k, v in key.items() if k != "temperature"}
+        legacy = _read(profile_path(legacy_key))
+        if legacy is not None and legacy.get("key") == legacy_key:
+            return legacy
+    return None
+
+
+def save_profile(profile: dict, path: pathlib.Path | None = None) -> pathlib.Path:
+    """Write ``profile`` atomically, keeping the methods of a previous profile of the same key that
+    it does not re-tune (:func:`_previous`); returns its path."""
+    path = path or profile_path(profile["key"])
+    previous = _previous(profile["key"], path)
+    if previous is not None:
         methods = {**previous.get("methods", {}), **profile.get("methods", {})}
         profile = {**profile, "methods": methods}
     path.parent.mkdir(parents=True, exist_ok=True)

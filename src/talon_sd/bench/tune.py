@@ -22,7 +22,7 @@ Cost model (one verify step of tree configuration c, in seconds)::
   included) and ``t_overhead(c)`` (tree construction and bookkeeping per step: the loop's time
   outside the draft forwards and the verify step; the acceptance rule inside the verify step, a few
   ms, is not modelled) come from a short calibration with the real decoding loop
-  (a few prompts x a few dozen tokens, greedy). Expectations are per step: an
+  (a few prompts x a few dozen tokens, greedy or sampled at the temperature being tuned for). Expectations are per step: an
   :class:`AcceptancePoint` stores the share of steps per tree size and the number of draft forwards
   per step per width, so t_step is linear in the measured costs.
 * Prefill is left out: it is the same for every configuration.
@@ -32,8 +32,8 @@ The choice (:func:`choose_budget`) is a pure function of a :class:`CostCurve` an
 the default mu, then mu at the best N) so that ``talon tune`` stays a few minutes long.
 
 Profiles are JSON files under ``<cache>/profiles`` (see :mod:`talon_sd.bench.profiles`), one per
-machine (CPU model, torch threads, device), target, draft and dtype. :func:`tuned_tree_options`
-reads them for ``--budget auto`` (``talon generate`` and ``talon bench``).
+machine (CPU model, torch threads, device), target, draft, dtype and calibration temperature.
+:func:`tuned_tree_options` reads them for ``--budget auto`` (``talon generate`` and ``talon bench``).
 """
 
 from __future__ import annotations
@@ -231,7 +231,8 @@ def tuned_tree_options(method: str, target: str | None, draft: str | None, dtype
 
     e.g. ``{"budget": 12, "mu": 0.03, "topk": 4}`` (talon), ``{"budget": 16, "topk": 4, "depth": 3}``
     (eagle), ``{"depth": 3}`` (chain), ``{"budget": 12}`` (static; TALON's N when static was not
-    tuned), ``{}`` for ``ar``. Raises TalonError when no profile exists for this machine and models.
+    tuned), ``{}`` for ``ar``. Raises TalonError when no profile exists for this machine, models, dtype
+    and decoding mode.
     """
     from .profiles import find_profile, profile_key, tune_command
 
@@ -242,8 +243,8 @@ def tuned_tree_options(method: str, target: str | None, draft: str | None, dtype
     key = profile_key(target, draft, dtype, temperature=temperature)
     found = find_profile(key)
     if found is None:
-        mode = f" for sampling (temperature {temperature:g})" if temperature > 0 else ""
-        raise TalonError(f"budget: 'auto' needs a tuned profile{mode}; run `{tune_command(key)}` first")
+        mode = f"for sampling (temperature {temperature:g})" if temperature > 0 else "for greedy decoding"
+        raise TalonError(f"budget: 'auto' needs a profile tuned {mode}; run `{tune_command(key)}` first")
     profile, path = found
     methods = profile.get("methods", {})
     if method in methods:
@@ -251,4 +252,4 @@ def tuned_tree_options(method: str, target: str | None, draft: str | None, dtype
     if method == "static" and "talon" in methods:
         return {"budget": methods["talon"]["best"]["budget"]}
     raise TalonError(f"budget: 'auto' for {method}: the tuned profile {path} has no {method} entry; "
-                     f"run `{tune_command(key)} --methods {method}`")
+                     f"run `{tune_command(profile.get('key') or key)} --methods {method}`")
