@@ -430,6 +430,24 @@ def test_sampling_profile_serves_sampled_runs_only(use_generator, generator, tmp
     assert {v["label"]: v["tree"] for v in results["variants"]}["talon"]["budget"] == best["budget"]
 
 
+def test_tune_cli_at_a_temperature_writes_a_sampling_profile(use_generator, tmp_path, capsys):
+    """`talon tune --temperature 1` calibrates longer by default and writes a profile keyed by T = 1."""
+    from talon_sd.bench.cli import CALIBRATION_TOKENS_SAMPLED
+
+    common = ["tune", "--dtype", "float32", "--threads", "1", "--methods", "talon", "--talon-budgets", "4,6",
+              "--talon-mus", "0.1", "--verify-sizes", "1,6", "--draft-widths", "1,4", "--repeats", "1",
+              "--calibration-prompts", "1", "--no-progress"]
+    assert main([*common, "--temperature", "1"]) == 0
+    assert main([*common, "--calibration-tokens", "5"]) == 0
+    paths = sorted((tmp_path / "cache" / "profiles").glob("*.json"))
+    profiles = {json.loads(p.read_text())["key"]["temperature"]: (p, json.loads(p.read_text())) for p in paths}
+    assert set(profiles) == {0.0, 1.0} and "--t1--" in profiles[1.0][0].name
+    assert profiles[1.0][1]["settings"]["calibration_tokens"] == CALIBRATION_TOKENS_SAMPLED
+    assert profiles[1.0][1]["settings"]["temperature"] == 1.0
+    assert profiles[0.0][1]["settings"]["calibration_tokens"] == 5 and profiles[0.0][1]["settings"]["temperature"] == 0
+    assert "talon: budget=" in capsys.readouterr().out
+
+
 def test_bench_resume_reuses_finished_prompt_turns_and_refuses_other_settings(use_generator, tmp_path, capsys):
     out = tmp_path / "run"
     argv = ["bench", "--datasets", "mt_bench,gsm8k", "--limit", "1", "--max-new-tokens", "12", "--methods",

@@ -23,6 +23,11 @@ from .methods import AUTO, METHODS, TUNED_KEY, Decoding, bench_variants, parse_m
 from .sweep import SWEEP_METHODS
 
 TUNE_METHODS = ("talon", "eagle", "chain", "static")
+# Calibration length per prompt: a sampled step's accepted length is random even for a fixed context,
+# so a sampled calibration needs more steps for the same precision (at 24 tokens, about 17 steps per
+# configuration, TALON's sampled MAT was not even monotone in N; docs/BENCHMARKS.md section 1).
+CALIBRATION_TOKENS_GREEDY = 24
+CALIBRATION_TOKENS_SAMPLED = 64
 
 
 def register(commands) -> None:
@@ -61,7 +66,9 @@ def register(commands) -> None:
     tune.add_argument("--calibration-datasets", default="mt_bench,gsm8k,humaneval",
                       help="prompt sets the calibration prompts are taken from, round-robin")
     tune.add_argument("--calibration-prompts", type=int, default=3, help="prompts decoded per configuration")
-    tune.add_argument("--calibration-tokens", type=int, default=24, help="new tokens per calibration prompt")
+    tune.add_argument("--calibration-tokens", type=int, default=None,
+                      help=f"new tokens per calibration prompt (default {CALIBRATION_TOKENS_GREEDY} greedy, "
+                           f"{CALIBRATION_TOKENS_SAMPLED} sampled: a sampled step's accepted length varies far more)")
     tune.add_argument("--repeats", type=int, default=5, help="timed forwards per size (median)")
     tune.add_argument("--context", type=int, default=200, help="cache length of the timed forwards")
     tune.add_argument("--verify-sizes", default=None, help="tree sizes T to time the target on (default 1..128)")
@@ -368,6 +375,8 @@ def run_tune_command(args: argparse.Namespace) -> int:
     methods = parse_methods(args.methods, TUNE_METHODS)
     if args.drafter != "model":
         raise TalonError("drafter: talon tune measures the draft model (--drafter model)")
+    if args.calibration_tokens is None:
+        args.calibration_tokens = CALIBRATION_TOKENS_SAMPLED if args.temperature > 0 else CALIBRATION_TOKENS_GREEDY
     for name in ("calibration_prompts", "calibration_tokens", "repeats", "context"):
         value = getattr(args, name)
         if value < 1:
