@@ -5,13 +5,14 @@ Steps (the cost model is in :mod:`talon_sd.bench.tune`):
 1. forward costs: target verification for :data:`~talon_sd.bench.tune.VERIFY_SIZES`, draft expansion
    for :data:`~talon_sd.bench.tune.DRAFT_WIDTHS`, draft root expansion for ``ROOT_WIDTHS``;
 2. calibration of ``ar`` (the reference speed) and, per method, a :func:`coordinate_search` over its
-   stages, each configuration decoded (greedy, or sampled at ``temperature`` with fixed seeds) on ``calibration_prompts`` prompts x
-   ``calibration_tokens`` tokens with the real loop;
+   stages, each configuration decoded (greedy, or sampled at ``temperature`` with fixed seeds) on
+   ``calibration_prompts`` prompts x ``calibration_tokens`` tokens with the real loop;
 3. the profile dict (schema in :mod:`talon_sd.bench.profiles`), saved by the caller.
 
 Run time is about (configurations + 1) x prompts x (prefill + tokens / speed) plus ~1 minute of
-forward timings: with the defaults (about 30 configurations, 3 prompts x 24 tokens) about 6 minutes for
-the packaged Qwen pair in bfloat16 on 2 CPU cores.
+forward timings: with the CLI defaults (about 30 configurations, 3 prompts x 24 tokens greedy) about
+10 minutes for the packaged Qwen pair in bfloat16 on 2 CPU cores; sampled (3 prompts x 64 tokens) about
+21 minutes.
 """
 
 from __future__ import annotations
