@@ -193,13 +193,18 @@ def _configure_threads(args: argparse.Namespace) -> None:
     configure_torch(args)
 
 
-def _prompts_and_decoding(args: argparse.Namespace):
-    if isinstance(args.max_new_tokens, bool) or args.max_new_tokens < 1:
-        raise bad_argument("max-new-tokens", args.max_new_tokens, "an integer >= 1")
+def _check_sampling(args: argparse.Namespace) -> None:
+    """``--temperature`` (NaN refused) and ``--seed``, shared by bench, sweep and tune."""
     if not args.temperature >= 0:
         raise bad_argument("temperature", args.temperature, "a number >= 0 (0 = greedy)")
     if args.seed < 0:
         raise bad_argument("seed", args.seed, "an integer >= 0")
+
+
+def _prompts_and_decoding(args: argparse.Namespace):
+    if isinstance(args.max_new_tokens, bool) or args.max_new_tokens < 1:
+        raise bad_argument("max-new-tokens", args.max_new_tokens, "an integer >= 1")
+    _check_sampling(args)
     if args.warmup_tokens < 0:
         raise bad_argument("warmup-tokens", args.warmup_tokens, "an integer >= 0")
     datasets_text = args.datasets if args.datasets is not None else ("" if args.data else args.default_datasets)
@@ -383,10 +388,7 @@ def run_tune_command(args: argparse.Namespace) -> int:
             raise bad_argument(name.replace("_", "-"), value, "an integer >= 1")
     if not 0 <= args.tolerance < 1:
         raise bad_argument("tolerance", args.tolerance, "a number in [0, 1)")
-    if not args.temperature >= 0:
-        raise bad_argument("temperature", args.temperature, "a number >= 0 (0 = greedy)")
-    if args.seed < 0:
-        raise bad_argument("seed", args.seed, "an integer >= 0")
+    _check_sampling(args)
     stages = {method: _stages(args, method, DEFAULT_STAGES[method]) for method in methods}
     calibration_datasets = parse_dataset_names(args.calibration_datasets)
     if not calibration_datasets:
