@@ -6,6 +6,7 @@ import torch
 
 from talon_sd.builders import make_builder
 from talon_sd.config import SamplingConfig, TreeConfig
+from talon_sd.control import BudgetController, ControllerSettings
 from talon_sd.decoding import Pipeline, StopCondition, decode
 from talon_sd.drafters import ModelDrafter, NgramDrafter
 from talon_sd.lm import CausalLM
@@ -16,11 +17,37 @@ def make_drafter(kind: str, draft_model, vocab: int):
     return ModelDrafter(draft_model) if kind == "model" else NgramDrafter(vocab)
 
 
-def run(target_model, drafter, tree: TreeConfig, prompt, max_new_tokens, eos=(), sampling=None):
-    """Decode with the real loop; returns (tokens, stats)."""
+class CyclingController(BudgetController):
+    """A controller that walks a fixed budget sequence (plain steps included) and stops growth every
+    third check: exercises every budget change the real controller could make, deterministically."""
+
+    BUDGETS = (6, 1, 2, 12, 1, 1, 4, 20, 3, 1, 9)
+
+    def __init__(self, max_budget: int = 24) -> None:
+        super().__init__(ControllerSettings(max_budget=max_budget, initial_budget=6))
+        self.calls, self.budgets = 0, []
+
+    def next_budget(self) -> int:
+        budget = min(self.BUDGETS[len(self.budgets) % len(self.BUDGETS)], max_budget_of(self))
+        self.budgets.append(budget)
+        return budget
+
+    def keep_growing(self, tree_log_p, frontier, widths_so_far, budget) -> bool:
+        self.calls += 1
+        return self.calls % 3 != 0
+
+
+def max_budget_of(controller) -> int:
+    return controller.settings.max_budget
+
+
+def run(target_model, drafter, tree: TreeConfig, prompt, max_new_tokens, eos=(), sampling=None, controller=None):
+    """Decode with the real loop (an ``auto`` tree gets a fresh online controller); returns (tokens, stats)."""
     stats = DecodeStats(method=tree.label)
+    if tree.auto and controller is None:
+        controller = CyclingController()
     pipeline = Pipeline(CausalLM(target_model), None if tree.method == "ar" else drafter, make_builder(tree),
-                        sampling or SamplingConfig())
+                        sampling or SamplingConfig(), controller)
     stop = StopCondition(max_new_tokens=max_new_tokens, eos_token_ids=frozenset(eos))
     tokens = list(decode(pipeline, torch.tensor(prompt), stop, stats))
     return tokens, stats

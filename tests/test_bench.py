@@ -176,10 +176,10 @@ def test_sweep_cli_plots_speedup_against_budget(use_generator, tmp_path):
     (["--limit", "-3"], "limit: got -3, expected an integer >= 1"),
     (["--max-new-tokens", "0"], "max-new-tokens: got 0"),
     (["--talon-budget", "1"], "budget: got 1, expected an integer >= 2"),
-    (["--budget", "auto"], "budget: 'auto' needs a profile tuned for greedy decoding; run `talon tune"),
+    (["--budget", "tuned"], "budget: 'tuned' needs a profile tuned for greedy decoding; run `talon tune"),
     (["--temperature", "nan"], "temperature: got nan, expected a number >= 0"),
-    (["--budget", "auto", "--temperature", "0.8"],
-     "budget: 'auto' needs a profile tuned for sampling (temperature 0.8); run `talon tune"),
+    (["--budget", "tuned", "--temperature", "0.8"],
+     "budget: 'tuned' needs a profile tuned for sampling (temperature 0.8); run `talon tune"),
 ])
 def test_bench_bad_arguments_fail_before_loading_models(no_models, capsys, argv, message):
     assert main(["bench", "--threads", "1", *argv]) == 2
@@ -313,7 +313,7 @@ def test_tuned_profile_round_trip_for_budget_auto(use_generator, generator, tmp_
     from talon_sd.bench.profiles import find_profile, profile_key
     from talon_sd.bench.tuner import TuneSettings, profile_table, run_tune
 
-    with pytest.raises(TalonError, match=r"budget: 'auto' needs a profile tuned for greedy decoding; run `talon tune .*--dtype float32"):
+    with pytest.raises(TalonError, match=r"budget: 'tuned' needs a profile tuned for greedy decoding; run `talon tune .*--dtype float32"):
         tuned_tree_options("talon", None, None, "float32")
     assert tuned_tree_options("ar", None, None, "float32") == {}
 
@@ -341,8 +341,8 @@ def test_tuned_profile_round_trip_for_budget_auto(use_generator, generator, tmp_
     with pytest.raises(TalonError, match="has no chain entry"):
         tuned_tree_options("chain", None, None, "float32")
 
-    # `--budget auto` in the bench CLI takes those options (threads match the profile's key).
-    variants = bench_variants(["talon", "eagle"], {"talon": {"budget": "auto"}, "eagle": {"budget": "auto", "topk": 2}},
+    # `--budget tuned` in the bench CLI takes those options (threads match the profile's key).
+    variants = bench_variants(["talon", "eagle"], {"talon": {"budget": "tuned"}, "eagle": {"budget": "tuned", "topk": 2}},
                               tuned=lambda m: tuned_tree_options(m, None, None, "float32"))
     talon_variant, eagle_variant = variants[1], variants[2]
     assert talon_variant.tuned and talon_variant.tree.budget == talon["best"]["budget"]
@@ -352,7 +352,7 @@ def test_tuned_profile_round_trip_for_budget_auto(use_generator, generator, tmp_
 
     # ... and so does the CLI, recording where they came from.
     out = tmp_path / "auto"
-    assert main(["bench", "--dtype", "float32", "--budget", "auto", "--methods", "talon,static", "--datasets", "qa",
+    assert main(["bench", "--dtype", "float32", "--budget", "tuned", "--methods", "talon,static", "--datasets", "qa",
                  "--limit", "1", "--max-new-tokens", "4", "--threads", "1", "--no-progress", "--no-plots",
                  "--out", str(out)]) == 0
     results = json.loads((out / "results.json").read_text())
@@ -422,7 +422,7 @@ def test_sampling_profile_serves_sampled_runs_only(use_generator, generator, tmp
 
     # The bench CLI picks the profile of its own decoding mode.
     out = tmp_path / "auto-t1"
-    assert main(["bench", "--dtype", "float32", "--budget", "auto", "--methods", "talon", "--datasets", "qa",
+    assert main(["bench", "--dtype", "float32", "--budget", "tuned", "--methods", "talon", "--datasets", "qa",
                  "--limit", "1", "--max-new-tokens", "4", "--temperature", "1", "--threads", "1", "--no-progress",
                  "--no-plots", "--out", str(out)]) == 0
     results = json.loads((out / "results.json").read_text())

@@ -8,6 +8,7 @@ from conftest import VOCAB
 from talon_sd.drafters import ModelDrafter
 from talon_sd.lm import CausalLM
 from talon_sd.tree import DraftTree
+from talon_sd.verify import Acceptance
 
 
 @torch.no_grad()
@@ -51,6 +52,7 @@ def test_draft_cache_keeps_only_the_accepted_path(llama_pair):
     committed = [5, 17, 33, 8]
     drafter.start(torch.tensor(committed))
     for step in range(5):
+        drafter.begin_step(committed[-1])
         tree = DraftTree.root(committed[-1])
         root_log_p = drafter.expand(tree, torch.tensor([0]))
         torch.testing.assert_close(root_log_p[0], torch.log_softmax(fresh_logits(draft, committed), -1), atol=1e-4, rtol=1e-4)
@@ -61,7 +63,28 @@ def test_draft_cache_keeps_only_the_accepted_path(llama_pair):
             expected = torch.log_softmax(fresh_logits(draft, committed + [int(top[row])]), -1)
             torch.testing.assert_close(layer2[row], expected, atol=1e-4, rtol=1e-4)
         accepted = [int(top[step % 3])] if step % 2 == 0 else []
-        new_tokens = accepted + [int(layer2[step % 3].argmax()) if accepted else 7]
-        drafter.accept(new_tokens)
+        bonus = int(layer2[step % 3].argmax()) if accepted else 7
+        drafter.accept(tree, Acceptance([0, 1 + step % 3] if accepted else [0], accepted, bonus))
+        new_tokens = accepted + [bonus]
         assert drafter.lm.cache.length == len(committed) + len(accepted)  # prefix + kept path, nothing else
         committed = committed + new_tokens
+
+
+def test_draft_cache_follows_steps_that_draft_nothing(llama_pair):
+    """A step with no draft forward (budget 1 from the controller) must still move the draft's context on:
+    the next root expansion forwards every token committed meanwhile."""
+    _, draft = llama_pair
+    drafter = ModelDrafter(draft)
+    committed = [5, 17, 33, 8]
+    drafter.start(torch.tensor(committed))
+    for step in range(6):
+        drafter.begin_step(committed[-1])
+        tree = DraftTree.root(committed[-1])
+        if step % 3 == 2:  # every third step drafts; the others are plain steps
+            root_log_p = drafter.expand(tree, torch.tensor([0]))
+            torch.testing.assert_close(root_log_p[0], torch.log_softmax(fresh_logits(draft, committed), -1),
+                                       atol=1e-4, rtol=1e-4)
+        bonus = (7 * step + 3) % VOCAB
+        drafter.accept(tree, Acceptance([0], [], bonus))
+        committed = committed + [bonus]
+    assert drafter.lm.cache.length + len(drafter.pending) == len(committed)

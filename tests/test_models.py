@@ -19,7 +19,7 @@ from tokenizers import Tokenizer, models as tokenizer_models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from talon_sd import models
-from talon_sd.errors import TalonError
+from talon_sd.errors import TalonError, TalonWarning
 from talon_sd.models import (
     BUILTIN_MODELS,
     DEFAULT_DRAFT,
@@ -272,7 +272,8 @@ def test_damaged_weights_are_a_one_line_error(tmp_path):
 def test_sdpa_refused_by_the_architecture_falls_back_to_eager(tmp_path, monkeypatch):
     folder = save_tiny_llama(tmp_path / "tiny", with_tokenizer=False)
     monkeypatch.setattr(LlamaForCausalLM, "_supports_sdpa", False)
-    loaded = load_model(str(folder), dtype="fp32", with_tokenizer=False)
+    with pytest.warns(TalonWarning, match="^target: sdpa attention is not available .*using eager attention"):
+        loaded = load_model(str(folder), dtype="fp32", with_tokenizer=False)
     assert loaded.model.config._attn_implementation == "eager"
 
 

@@ -31,21 +31,20 @@ def small_vocab_pair():
 
 
 @torch.no_grad()
-def exact_joint(model, sampling: SamplingConfig) -> torch.Tensor:
-    """[V, V] probability of (first, second) generated token under the target alone."""
-    first = warp(model(torch.tensor([PROMPT])).logits[0, -1], sampling)
-    joint = torch.zeros(V, V)
-    for a in range(V):
-        joint[a] = first[a] * warp(model(torch.tensor([PROMPT + [a]])).logits[0, -1], sampling)
-    return joint
+def exact_joint(model, sampling: SamplingConfig, prompt=PROMPT, length: int = 2) -> torch.Tensor:
+    """[V] * length probability of the first ``length`` generated tokens under the target alone."""
+    first = warp(model(torch.tensor([prompt])).logits[0, -1], sampling)
+    if length == 1:
+        return first
+    return torch.stack([first[a] * exact_joint(model, sampling, prompt + [a], length - 1) for a in range(V)])
 
 
-def sampled_counts(target, draft, tree, sampling) -> torch.Tensor:
-    counts = torch.zeros(V, V)
-    drafter = make_drafter("model", draft, V)
-    for seed in range(RUNS):
-        tokens, _ = run(target, drafter, tree, PROMPT, 2, sampling=SamplingConfig(**{**sampling.__dict__, "seed": seed}))
-        counts[tokens[0], tokens[1]] += 1
+def sampled_counts(target, draft, tree, sampling, drafter_kind="model", prompt=PROMPT, length=2, runs=RUNS):
+    counts = torch.zeros((V,) * length)
+    drafter = make_drafter(drafter_kind, draft, V)
+    for seed in range(runs):
+        tokens, _ = run(target, drafter, tree, prompt, length, sampling=SamplingConfig(**{**sampling.__dict__, "seed": seed}))
+        counts[tuple(tokens)] += 1
     return counts
 
 
@@ -61,6 +60,8 @@ def chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
 
 T1 = SamplingConfig(do_sample=True, temperature=1.0)
 T07 = SamplingConfig(do_sample=True, temperature=0.7, top_p=0.8)
+TOPK3 = SamplingConfig(do_sample=True, temperature=1.2, top_k=3)
+REPEATING = [1, 4, 2, 1, 4, 3, 1, 4, 2, 1, 4]  # the n-gram drafter finds continuations here
 
 
 @pytest.mark.parametrize(
@@ -76,6 +77,106 @@ def test_joint_distribution_of_first_two_tokens_matches_target(small_vocab_pair,
     assert chi_square_p(counts, probs) > 1e-3
     # negative control: the same counts are far from the DRAFT's joint law, so the test can fail
     assert chi_square_p(counts, exact_joint(draft, sampling)) < 1e-6
+
+
+@pytest.mark.parametrize(
+    "tree,sampling,drafter_kind,prompt,length",
+    [(TreeConfig("static", budget=7), TOPK3, "model", PROMPT, 2),
+     (TreeConfig("talon", budget=10, topk=3), T07, "ngram", REPEATING, 2),
+     (TreeConfig("talon", budget=10, topk=3), TOPK3, "model", PROMPT, 3),
+     (TreeConfig("talon", budget="auto", topk=3), T1, "model", PROMPT, 3)],
+    ids=["static-top_k=3", "ngram-talon-top_p", "talon-3-tokens-top_k=3", "talon-auto-3-tokens"],
+)
+def test_joint_law_for_more_trees_drafters_and_warpers(small_vocab_pair, tree, sampling, drafter_kind, prompt, length):
+    target, draft = small_vocab_pair
+    probs = exact_joint(target, sampling, prompt, length)
+    counts = sampled_counts(target, draft, tree, sampling, drafter_kind, prompt, length, runs=1500)
+    assert chi_square_p(counts, probs) > 1e-3
+
+
+def test_chi_square_rejects_a_rule_without_renormalisation(small_vocab_pair, monkeypatch):
+    """The broken rule draws the recovered token from p_target instead of the residual: the test must see it."""
+    target, draft = small_vocab_pair
+    monkeypatch.setattr("talon_sd.verify._remove_rejected", lambda residual, token: None)
+    tree = TreeConfig("talon", budget=8, topk=3)
+    counts = sampled_counts(target, draft, tree, T1)
+    assert chi_square_p(counts, exact_joint(target, T1)) < 1e-3
+
+
+class EnumeratedDraws:
+    """Replays scripted choices, takes the first option at each new decision and lists the others:
+    with :func:`enumerate_rule` it walks every outcome of the rule with the probability the rule gave it."""
+
+    def __init__(self, script):
+        self.script, self.made, self.probability, self.alternatives = list(script), [], 1.0, []
+
+    def _next(self, options):  # options: [(choice, probability > 0)]
+        position = len(self.made)
+        if position < len(self.script):
+            choice = self.script[position]
+        else:
+            choice = options[0][0]
+            self.alternatives += [(position, other) for other, _ in options[1:]]
+        self.made.append(choice)
+        self.probability *= dict(options)[choice]
+        return choice
+
+    def bernoulli(self, probability):
+        return self._next([(c, q) for c, q in ((True, probability), (False, 1.0 - probability)) if q > 0])
+
+    def categorical(self, probabilities):
+        return self._next([(i, float(probabilities[i])) for i in range(probabilities.numel()) if probabilities[i] > 0])
+
+
+def enumerate_rule(tree, logits, sampling):
+    """Every outcome of accept_sampling with its exact probability: {new tokens: probability}."""
+    outcomes, stack = {}, [[]]
+    while stack:
+        draws = EnumeratedDraws(stack.pop())
+        key = tuple(accept_sampling(tree, logits, sampling, draws).new_tokens)
+        outcomes[key] = outcomes.get(key, 0.0) + draws.probability
+        stack += [draws.made[:position] + [choice] for position, choice in draws.alternatives]
+    return outcomes
+
+
+def test_accept_rule_by_exact_enumeration(monkeypatch):
+    """A depth-2 tree with non-trivial target and draft distributions: summing the rule's outcomes exactly,
+    the first two committed tokens (continued by the target when a step commits one) follow p_target.
+    The same enumeration of the rule without renormalisation is visibly wrong."""
+    generator = torch.Generator().manual_seed(3)
+    table = {}
+
+    def target_logits(context):
+        if context not in table:
+            table[context] = torch.randn(V, generator=generator) * 1.5
+        return table[context]
+
+    # root (token 0) -> children 3, 1, 4; child 3 -> children 2, 5
+    tree = DraftTree.root(0).extend(torch.tensor([0, 0, 0]), torch.tensor([3, 1, 4]), torch.tensor([-0.5, -1.0, -2.0]))
+    tree = tree.extend(torch.tensor([1, 1]), torch.tensor([2, 5]), torch.tensor([-1.0, -1.5]))
+    contexts = [(), (3,), (1,), (4,), (3, 2), (3, 5)]
+    logits = torch.stack([target_logits(c) for c in contexts])
+    for sampling in (T1, TOPK3, T07):
+        expected = torch.stack([warp(target_logits(()), sampling)[a] * warp(target_logits((a,)), sampling)
+                                for a in range(V)]).double()  # [V, V]
+
+        def law(outcomes):
+            joint = torch.zeros(V, V, dtype=torch.float64)
+            for tokens, probability in outcomes.items():
+                if len(tokens) >= 2:
+                    joint[tokens[0], tokens[1]] += probability
+                else:
+                    joint[tokens[0]] += probability * warp(target_logits(tokens), sampling).double()
+            return joint
+
+        outcomes = enumerate_rule(tree, logits, sampling)
+        assert abs(sum(outcomes.values()) - 1.0) < 1e-12
+        assert sampling is not T1 or any(len(tokens) == 3 for tokens in outcomes)  # the deep branch is reachable
+        torch.testing.assert_close(law(outcomes), expected, atol=1e-6, rtol=0)  # warp is float32
+        with monkeypatch.context() as patched:
+            patched.setattr("talon_sd.verify._remove_rejected", lambda residual, token: None)
+            broken = law(enumerate_rule(tree, logits, sampling))
+        assert float((broken - expected).abs().max()) > 1e-3
 
 
 def test_recursive_rejection_on_hand_built_logits():

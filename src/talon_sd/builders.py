@@ -20,12 +20,21 @@ Builders, registered by name in :data:`BUILDERS`:
 * ``talon``  - TALON, Algorithm 2 of arXiv 2601.07353: top-K children of the root, then at every
   deeper layer a gate over the whole layer pool relative to its maximum (keep p >= mu * max),
   overflow cut to the remaining budget, no depth cap; stops when the budget N (root counted) is full.
+
+Online control (:mod:`talon_sd.control`): ``build`` takes an optional :class:`StepPlan` that sets this
+step's budget and may stop growth before a draft forward (``keep_growing``). A builder also states its
+*inclusion order* (:meth:`TreeBuilder.inclusion_order`): the order in which it adds nodes as the
+budget grows, such that the tree it builds with budget k is exactly the first k nodes in that order
+(TALON, chain, static: index order, whole layers then the best of the cut layer; EAGLE: score order
+after the global rerank). That prefix property lets one verified step tell the controller what every
+smaller budget would have accepted.
 """
 
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Callable, ClassVar
 
 import torch
@@ -34,6 +43,20 @@ from .config import TreeConfig
 from .tree import DraftTree
 
 Expander = Callable[[DraftTree, torch.Tensor], torch.Tensor]
+# keep_growing(tree, frontier [F]) -> False to stop before the draft forward that would expand ``frontier``
+GrowthCheck = Callable[[DraftTree, torch.Tensor], bool]
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """One step's settings from an online controller: the budget N (root counted; 1 = the root alone,
+    no draft forward) and an optional check asked before every draft forward but the first."""
+
+    budget: int
+    keep_growing: GrowthCheck | None = None
+
+    def grows(self, tree: DraftTree, frontier: torch.Tensor) -> bool:
+        return self.keep_growing is None or bool(self.keep_growing(tree, frontier))
 
 
 class TreeBuilder(ABC):
@@ -41,10 +64,26 @@ class TreeBuilder(ABC):
 
     name: ClassVar[str]
     needs_drafter: ClassVar[bool] = True
+    layered: ClassVar[bool] = True  # each draft forward makes a usable prefix (False: only the last does)
 
     @abstractmethod
-    def build(self, root_token: int, expand: Expander, device: torch.device | str = "cpu") -> DraftTree:
-        """Grow a tree from ``root_token`` (the last committed token) using ``expand``."""
+    def build(self, root_token: int, expand: Expander, device: torch.device | str = "cpu",
+              plan: StepPlan | None = None) -> DraftTree:
+        """Grow a tree from ``root_token`` (the last committed token) using ``expand``; ``plan``
+        overrides the configured budget for this step."""
+
+    def inclusion_order(self, tree: DraftTree) -> list[int]:
+        """Node indices in the order the budget adds them (root first); default: index order."""
+        return list(range(tree.size))
+
+
+def _planned(budget: int | None, plan: StepPlan | None) -> int:
+    """This step's budget: the plan's, else the configured one (an ``auto`` budget needs a plan)."""
+    if plan is not None:
+        return plan.budget
+    if budget is None:
+        raise ValueError("budget 'auto' needs a StepPlan from the online controller for every step")
+    return budget
 
 
 def _children_of(parents: torch.Tensor, tree: DraftTree, log_p_draft: torch.Tensor, k: int):
@@ -77,7 +116,7 @@ class AutoregressiveBuilder(TreeBuilder):
     def __init__(self, config: TreeConfig) -> None:
         del config
 
-    def build(self, root_token, expand, device="cpu"):
+    def build(self, root_token, expand, device="cpu", plan=None):
         return DraftTree.root(root_token, device)
 
 
@@ -87,12 +126,15 @@ class ChainBuilder(TreeBuilder):
     name = "chain"
 
     def __init__(self, config: TreeConfig) -> None:
-        self.length = config.depth
+        self.length = None if config.auto else config.depth
 
-    def build(self, root_token, expand, device="cpu"):
+    def build(self, root_token, expand, device="cpu", plan=None):
         tree = DraftTree.root(root_token, device)
-        for _ in range(self.length):
+        length = _planned(self.length + 1 if self.length is not None else None, plan) - 1
+        for _ in range(length):
             leaf = torch.tensor([tree.size - 1], device=device)
+            if plan is not None and tree.size > 1 and not plan.grows(tree, leaf):
+                break
             parents, tokens, scores = _children_of(leaf, tree, expand(tree, leaf), 1)
             if parents.numel() == 0:
                 break
@@ -133,7 +175,9 @@ class StaticBuilder(TreeBuilder):
                 raise ValueError(f"static_paths: {path} has no parent path {path[:-1]}")
         self.depth = max(len(p) for p in self.paths)
 
-    def build(self, root_token, expand, device="cpu"):
+    def build(self, root_token, expand, device="cpu", plan=None):
+        if plan is not None:
+            raise ValueError("the static tree has a fixed shape: it takes no per-step plan")
         tree = DraftTree.root(root_token, device)
         node_of = {(): 0}
         for depth in range(1, self.depth + 1):
@@ -174,14 +218,20 @@ class EagleBuilder(TreeBuilder):
     """
 
     name = "eagle"
+    layered = False  # the global rerank needs every layer
 
     def __init__(self, config: TreeConfig) -> None:
-        self.topk, self.depth, self.budget = config.topk, config.depth, config.budget
+        self.topk, self.depth, self.budget = config.topk, config.depth, None if config.auto else config.budget
 
-    def build(self, root_token, expand, device="cpu"):
+    def build(self, root_token, expand, device="cpu", plan=None):
         tree = DraftTree.root(root_token, device)
+        budget = _planned(self.budget, plan)
+        if budget <= 1:
+            return tree
         frontier = torch.zeros(1, dtype=torch.long, device=device)
         for _ in range(self.depth):
+            if plan is not None and tree.size > 1 and not plan.grows(tree, frontier):
+                break
             parents, tokens, scores = _children_of(frontier, tree, expand(tree, frontier), self.topk)
             if parents.numel() == 0:
                 break
@@ -189,11 +239,15 @@ class EagleBuilder(TreeBuilder):
             first_new = tree.size
             tree = tree.extend(parents, tokens, scores)
             frontier = torch.arange(first_new, first_new + min(self.topk, parents.numel()), device=device)
-        if tree.size <= self.budget:
+        if tree.size <= budget:
             return tree
-        order = torch.sort(tree.scores[1:], descending=True, stable=True).indices[: self.budget - 1] + 1
+        order = torch.sort(tree.scores[1:], descending=True, stable=True).indices[: budget - 1] + 1
         keep = torch.cat([torch.zeros(1, dtype=torch.long, device=device), order.sort().values])
         return tree.select(keep)
+
+    def inclusion_order(self, tree):
+        """Score order (stable, so a parent precedes its children): the rerank keeps the best N - 1."""
+        return [0] + (torch.sort(tree.scores[1:], descending=True, stable=True).indices + 1).tolist()
 
 
 class TalonBuilder(TreeBuilder):
@@ -211,13 +265,17 @@ class TalonBuilder(TreeBuilder):
     name = "talon"
 
     def __init__(self, config: TreeConfig) -> None:
-        self.budget, self.topk, self.log_mu = config.budget, config.topk, math.log(config.mu)
+        self.budget = None if config.auto else config.budget
+        self.topk, self.log_mu = config.topk, math.log(config.mu)
 
-    def build(self, root_token, expand, device="cpu"):
+    def build(self, root_token, expand, device="cpu", plan=None):
         tree = DraftTree.root(root_token, device)
+        budget = _planned(self.budget, plan)
         frontier = torch.zeros(1, dtype=torch.long, device=device)
-        while tree.size < self.budget:
-            room = self.budget - tree.size
+        while tree.size < budget:
+            if plan is not None and tree.size > 1 and not plan.grows(tree, frontier):
+                break
+            room = budget - tree.size
             log_p_draft = expand(tree, frontier)  # [F, V]
             if tree.size == 1:  # robust initialisation: top-K of the root's children
                 parents, tokens, scores = _children_of(frontier, tree, log_p_draft, min(self.topk, room))

@@ -28,7 +28,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_tree_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tree", default="talon", help="one of " + ", ".join(TREE_METHODS))
-    parser.add_argument("--budget", type=_int_or_auto, default=None, help="N, tree nodes incl. the root, or 'auto'")
+    parser.add_argument("--budget", type=_int_or_auto, default=None,
+                        help="N, tree nodes incl. the root, or 'auto' (default for talon/eagle/chain): an online "
+                             "controller picks N every step for this machine and prompt")
     parser.add_argument("--topk", type=int, default=None, help="talon: root children K; eagle: top-k per layer")
     parser.add_argument("--mu", type=float, default=None, help="talon gate: keep p >= mu * layer max (0 < mu <= 1)")
     parser.add_argument("--depth", type=int, default=None, help="chain length; eagle draft layers")
@@ -53,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .bench.cli import register as register_bench
 
     register_bench(commands)
+
     return parser
 
 
@@ -98,26 +101,51 @@ def validate_generate_args(args: argparse.Namespace) -> None:
 
 
 def tree_options(args: argparse.Namespace, tree_config_class=None):
-    """The TreeConfig the flags describe (``--budget auto`` resolved from the tuned profile)."""
-    from .config import TreeConfig
+    """The TreeConfig the flags describe. With no ``--budget`` (and, for a chain, no ``--depth``),
+    talon/eagle/chain take ``auto``: the online controller picks the budget every step."""
+    from .config import AUTO, AUTO_METHODS, TreeConfig
 
     budget = args.budget
-    options = {"budget": None if budget == "auto" else budget, "topk": args.topk, "mu": args.mu, "depth": args.depth}
-    options = {k: v for k, v in options.items() if v is not None}
-    if budget == "auto":
-        from .bench.tune import tuned_tree_options
+    if budget is None and args.tree in AUTO_METHODS and not (args.tree == "chain" and args.depth is not None):
+        budget = AUTO
+    options = {"budget": budget, "topk": args.topk, "mu": args.mu, "depth": args.depth}
+    return TreeConfig(method=args.tree, **{k: v for k, v in options.items() if v is not None})
 
-        options = {**tuned_tree_options(args.tree, args.target, args.draft, args.dtype, args.temperature), **options}
-    return TreeConfig(method=args.tree, **options)
+
+def controller_start(args: argparse.Namespace, tree) -> dict:
+    """``initial_budget`` and ``cost_prior`` for an auto budget from this machine's ``talon tune``
+    profile when one exists (the controller's starting point only); {} otherwise."""
+    if not tree.auto:
+        return {}
+    from .bench.profiles import find_profile, profile_key
+    from .control import CostPrior
+
+    key = profile_key(args.target, args.draft, args.dtype, temperature=getattr(args, "temperature", 0.0) or 0.0)
+    found = find_profile(key)
+    if found is None:
+        return {}
+    profile, _ = found
+    start = {}
+    best = profile.get("methods", {}).get(tree.method, {}).get("best", {})
+    if isinstance(best.get("budget"), int):
+        start["initial_budget"] = best["budget"]
+    elif tree.method == "chain" and isinstance(best.get("depth"), int):
+        start["initial_budget"] = best["depth"] + 1
+    curve = profile.get("cost_curve", {})
+    if curve.get("verify") and curve.get("draft"):
+        start["cost_prior"] = CostPrior(verify_seconds={int(k): float(v) for k, v in curve["verify"].items()},
+                                        draft_seconds={int(k): float(v) for k, v in curve["draft"].items()})
+    return start
 
 
 def make_generator(args: argparse.Namespace):
     from .generator import SpeculativeGenerator
 
     configure_torch(args)
+    tree = tree_options(args)
     return SpeculativeGenerator(
-        args.target, args.draft, tree=tree_options(args), drafter=args.drafter, dtype=args.dtype,
-        device=args.device, chat_template=not getattr(args, "no_chat_template", False),
+        args.target, args.draft, tree=tree, drafter=args.drafter, dtype=args.dtype,
+        device=args.device, chat_template=not getattr(args, "no_chat_template", False), **controller_start(args, tree),
     )
 
 

@@ -1,61 +1,85 @@
-"""The decoding loop: draft -> build -> verify -> accept -> commit, as one token generator.
+"""The decoding loop: plan -> draft -> build -> verify -> accept -> commit, as one token generator.
 
-Every front end (the Python API, the CLI, the benchmark) consumes :func:`decode`.
+Every front end (the Python API, the CLI, the benchmark, the server) consumes :func:`decode`.
 Plain autoregressive decoding is the same loop with the ``ar`` builder (a root-only tree, no drafter),
 so the baseline and the speculative methods share every line of code but the tree.
 
 Invariant at the top of each step: the target's cache holds every committed token except the last
 one, which is the root of the next tree (node 0). The verify forward covers the root and the drafts.
+With an online controller (``budget="auto"``, :mod:`talon_sd.control`) each step's budget comes
+from the controller, which is then told what the step cost and accepted; it never changes which
+tokens are emitted, only how many are drafted.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
-from typing import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import torch
 
-from .builders import TreeBuilder
+from .builders import StepPlan, TreeBuilder
 from .config import SamplingConfig
 from .drafters import Drafter
 from .lm import CausalLM
 from .stats import DecodeStats
-from .verify import accept
+from .tree import DraftTree
+from .verify import Acceptance, accept
+
+if TYPE_CHECKING:
+    from .control import BudgetController, StepRecord
+
+STOP_REASONS = ("eos", "stop_string", "max_new_tokens", "context")  # why a generation ended
 
 
 @dataclass
 class StopCondition:
-    """Stops after ``max_new_tokens``, on an EOS id, or when ``text_of(new tokens)`` contains a stop string."""
+    """Stops on an EOS id, when ``text_of(new tokens)`` contains a stop string, after ``max_new_tokens``
+    (or ``context``: ``max_new_tokens`` was lowered to fit the model's context). Records why in
+    :attr:`reason` (one of :data:`STOP_REASONS`) and the stop string found in :attr:`stop_string`."""
 
     max_new_tokens: int
     eos_token_ids: frozenset[int] = frozenset()
     stop_strings: tuple[str, ...] = ()
     text_of: Callable[[list[int]], str] | None = None
-
-    def __post_init__(self) -> None:
-        self.tokens: list[int] = []
+    length_reason: str = "max_new_tokens"  # the reason recorded when the token limit ends the generation
+    tokens: list[int] = field(default_factory=list, init=False)
+    reason: str | None = field(default=None, init=False)
+    stop_string: str | None = field(default=None, init=False)
 
     def done(self, token: int) -> bool:
         """Record one emitted token; True when it must be the last."""
         self.tokens.append(token)
-        if len(self.tokens) >= self.max_new_tokens or token in self.eos_token_ids:
-            return True
-        if self.stop_strings and self.text_of is not None:
-            tail = self.text_of(self.tokens[-64:])
-            return any(s in tail for s in self.stop_strings)
-        return False
+        if token in self.eos_token_ids:
+            self.reason = "eos"
+        elif self.stop_strings and self.text_of is not None:
+            longest = max(map(len, self.stop_strings))
+            tail = self.text_of(self.tokens[-(longest + 64):])
+            self.stop_string = next((s for s in self.stop_strings if s in tail), None)
+            self.reason = "stop_string" if self.stop_string is not None else None
+        if self.reason is None and len(self.tokens) >= self.max_new_tokens:
+            self.reason = self.length_reason
+        return self.reason is not None
+
+    @property
+    def finish_reason(self) -> str | None:
+        """OpenAI's name: ``stop`` (EOS or a stop string) or ``length``; None while running."""
+        if self.reason is None:
+            return None
+        return "stop" if self.reason in ("eos", "stop_string") else "length"
 
 
 @dataclass(frozen=True)
 class Pipeline:
-    """The parts one generation runs with."""
+    """The parts one generation runs with (each generation owns its caches and controller)."""
 
     target: CausalLM
     drafter: Drafter | None  # None only with the ``ar`` builder
     builder: TreeBuilder
     sampling: SamplingConfig
+    controller: "BudgetController | None" = None  # None: the builder's fixed budget
 
 
 def decode(pipeline: Pipeline, prompt_ids: torch.Tensor, stop: StopCondition, stats: DecodeStats) -> Iterator[int]:
@@ -64,7 +88,7 @@ def decode(pipeline: Pipeline, prompt_ids: torch.Tensor, stop: StopCondition, st
     target, drafter, builder, sampling = pipeline.target, pipeline.drafter, pipeline.builder, pipeline.sampling
     seed = sampling.seed if sampling.seed is not None else int.from_bytes(os.urandom(7), "little")
     generator = torch.Generator().manual_seed(seed)
-    draft_clock = _DraftClock(drafter)
+    clock = _DraftClock(drafter)
     stats.prompt_tokens = int(prompt_ids.numel())
     stats.started = started = time.perf_counter()
     target.prefill(prompt_ids[:-1])
@@ -74,22 +98,29 @@ def decode(pipeline: Pipeline, prompt_ids: torch.Tensor, stop: StopCondition, st
     root = int(prompt_ids[-1])
     try:
         while True:
-            # 1-2. draft and build the tree (the builder calls the drafter once per layer)
-            started = time.perf_counter()
-            tree = builder.build(root, draft_clock.expand, target.device)
-            draft_seconds, draft_forwards = draft_clock.take()
-            stats.seconds_draft += draft_seconds
-            stats.seconds_build += time.perf_counter() - started - draft_seconds
+            # 1-2. plan the budget, draft and build the tree (the builder calls the drafter once per layer)
+            step_started = time.perf_counter()
+            plan = _plan(pipeline.controller, clock)
+            if drafter is not None:
+                drafter.begin_step(root)
+            tree = builder.build(root, clock.expand, target.device, plan)
+            forwards = clock.take()
             # 3. verify: one target forward over the whole tree, then the acceptance rule
             started = time.perf_counter()
             acceptance = accept(tree, target.forward_tree(tree), sampling, generator)
-            stats.seconds_verify += time.perf_counter() - started
+            verify_seconds = time.perf_counter() - started
             # 4. commit: keep the root and the accepted path in both caches (one gather each)
-            target.cache.keep(target.cache.length - tree.size, torch.tensor(acceptance.path))
+            target.commit_tree(tree.size, acceptance.path)
             if drafter is not None:
-                drafter.accept(acceptance.new_tokens)
-            stats.observe(tree, acceptance, draft_forwards)
-            # 5. emit, stopping inside the path if needed
+                drafter.accept(tree, acceptance)
+            # 5. stats, and what the controller learns from this step
+            step_seconds = time.perf_counter() - step_started
+            stats.observe(tree, acceptance, forwards.count, plan.budget if plan else tree.size)
+            stats.add_seconds(forwards.seconds, verify_seconds, step_seconds - forwards.seconds - verify_seconds)
+            if pipeline.controller is not None:
+                pipeline.controller.observe(step_record(builder, tree, acceptance, forwards, plan, verify_seconds,
+                                                        step_seconds - forwards.seconds - verify_seconds))
+            # 6. emit, stopping inside the path if needed
             for token in acceptance.new_tokens:
                 yield token
                 if stop.done(token):
@@ -99,21 +130,78 @@ def decode(pipeline: Pipeline, prompt_ids: torch.Tensor, stop: StopCondition, st
         stats.finish(len(stop.tokens))
 
 
+@dataclass
+class Forwards:
+    """The draft forwards of one step: width, seconds and the tree size they were given."""
+
+    widths: list[int] = field(default_factory=list)
+    seconds_each: list[float] = field(default_factory=list)
+    sizes_before: list[int] = field(default_factory=list)  # tree size when each forward was asked for
+
+    @property
+    def count(self) -> int:
+        return len(self.widths)
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.seconds_each)
+
+
 class _DraftClock:
-    """Wraps ``drafter.expand`` to count draft forwards and their wall time for the stats."""
+    """Wraps ``drafter.expand`` to record every draft forward of the step."""
 
     def __init__(self, drafter: Drafter | None) -> None:
-        self.drafter, self.calls, self.seconds = drafter, 0, 0.0
+        self.drafter, self.step = drafter, Forwards()
 
-    def expand(self, tree, nodes):
+    def expand(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
         started = time.perf_counter()
-        log_p_draft = self.drafter.expand(tree, nodes)
-        self.seconds += time.perf_counter() - started
-        self.calls += 1
+        log_p_draft = self.drafter.expand(tree, nodes)  # [F, V]
+        self.step.seconds_each.append(time.perf_counter() - started)
+        self.step.widths.append(int(nodes.numel()))
+        self.step.sizes_before.append(tree.size)
         return log_p_draft
 
-    def take(self) -> tuple[float, int]:
-        """(seconds, forwards) since the last take."""
-        taken = (self.seconds, self.calls)
-        self.seconds, self.calls = 0.0, 0
+    def take(self) -> Forwards:
+        taken, self.step = self.step, Forwards()
         return taken
+
+
+def _plan(controller: "BudgetController | None", clock: _DraftClock) -> StepPlan | None:
+    """This step's budget and growth check from the controller (None: the builder's own budget)."""
+    if controller is None:
+        return None
+    budget = controller.next_budget()
+
+    def keep_growing(tree: DraftTree, frontier: torch.Tensor) -> bool:
+        return controller.keep_growing(tree.scores.tolist(), frontier.tolist(), list(clock.step.widths), budget)
+
+    return StepPlan(budget=budget, keep_growing=keep_growing)
+
+
+def step_record(builder: TreeBuilder, tree: DraftTree, acceptance: Acceptance, forwards: Forwards,
+                plan: StepPlan | None, verify_seconds: float, other_seconds: float) -> "StepRecord":
+    """The controller's view of a verified step: nodes in the builder's inclusion order (so the first
+    k nodes are the tree budget k would have built), and the usable prefix after each draft forward."""
+    from .control import StepRecord
+
+    order = builder.inclusion_order(tree)  # inclusion position -> node index
+    position = {node: index for index, node in enumerate(order)}
+    parents = tree.parents.tolist()
+    scores = tree.scores.tolist()
+    if builder.layered:  # forward j makes the nodes present when forward j + 1 was asked for
+        prefix = forwards.sizes_before[1:] + [tree.size] if forwards.count else []
+    else:
+        prefix = [1] * (forwards.count - 1) + [tree.size] if forwards.count else []
+    budget = plan.budget if plan is not None else tree.size
+    return StepRecord(
+        node_log_p=tuple(scores[node] for node in order),
+        node_parent=tuple(position[parents[node]] if parents[node] >= 0 else -1 for node in order),
+        accepted=tuple(sorted(position[node] for node in acceptance.path[1:])),
+        forward_widths=tuple(forwards.widths),
+        prefix_after_forward=tuple(prefix),
+        draft_seconds=tuple(forwards.seconds_each),
+        verify_seconds=verify_seconds,
+        other_seconds=max(other_seconds, 0.0),
+        budget=budget,
+        complete=tree.size < budget,
+    )

@@ -12,6 +12,10 @@ class TalonError(ValueError):
     """A user error: one line naming the bad argument and what is expected."""
 
 
+class TalonWarning(UserWarning):
+    """A value the user set was adjusted (e.g. max_new_tokens lowered to fit the context); shown once."""
+
+
 def bad_argument(name: str, value: object, expected: str) -> TalonError:
     """Build the standard error: ``<name>: got <value!r>, expected <expected>``."""
     return TalonError(f"{name}: got {value!r}, expected {expected}")

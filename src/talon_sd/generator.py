@@ -10,36 +10,53 @@
 Argument names follow Hugging Face ``generate`` where they overlap. With ``do_sample=False`` the
 output is token for token the target's own greedy output; with sampling it follows the target's
 distribution exactly (see :mod:`talon_sd.verify`). Bad arguments raise :class:`TalonError`
-(a ``ValueError``) before any state changes; every call starts from fresh caches.
+(a ``ValueError``) before any state changes.
+
+Isolation: every ``generate``/``stream`` call owns its decoding state (its own KV caches over the
+shared weights, its own drafter and budget controller), so streams can be interleaved or run from
+several threads without seeing each other's caches. What one call learns about this machine's
+forward costs seeds the next call's controller (the acceptance statistics are not carried over).
+
+Stop strings follow the OpenAI API: the text ends before the first stop string (the token ids
+include the token that completed it), and a stream never yields text that a stop string later cuts.
 """
 
 from __future__ import annotations
 
+import threading
+import warnings
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import torch
 
 from .builders import make_builder
-from .config import GenerationConfig, SamplingConfig, TreeConfig
+from .config import AUTO, AUTO_METHODS, GenerationConfig, SamplingConfig, TreeConfig
 from .decoding import Pipeline, StopCondition, decode
 from .drafters import DRAFTERS, ModelDrafter, NgramDrafter
-from .errors import TalonError, bad_argument
+from .errors import TalonError, TalonWarning, bad_argument
 from .lm import CausalLM
 from .stats import DecodeStats
 
+if TYPE_CHECKING:
+    from .control import BudgetController, CostPrior
+
 Prompt = str | Sequence[dict] | None
+MAX_AUTO_BUDGET = 64  # the largest tree the online controller may choose
 
 
 @dataclass
 class GenerationResult:
-    text: str
+    text: str  # the decoded completion, cut before the first stop string
     token_ids: list[int]
     stats: DecodeStats
-    finish_reason: str  # "stop" (EOS or a stop string) or "length"
+    finish_reason: str  # "stop" (EOS or a stop string) or "length" (max_new_tokens or the context)
+    stop_reason: str = "max_new_tokens"  # eos, stop_string, max_new_tokens or context
+    stop_string: str | None = None  # the stop string that ended the generation
 
     def to_dict(self) -> dict:
-        return {"text": self.text, "token_ids": self.token_ids, "stats": self.stats.to_dict()}
+        return {"text": self.text, "token_ids": self.token_ids, "finish_reason": self.finish_reason,
+                "stop_reason": self.stop_reason, "stats": self.stats.to_dict()}
 
 
 @dataclass
@@ -52,16 +69,25 @@ class TextStream:
     def __iter__(self) -> Iterator[str]:
         return self.chunks
 
+    def close(self) -> None:
+        """Stop generating (e.g. the client went away); ``result`` stays None."""
+        close = getattr(self.chunks, "close", None)
+        if close is not None:
+            close()
+
 
 class SpeculativeGenerator:
     """Target + drafter + tree builder, ready to generate.
 
     target, draft  model names (built-in, local folder, .gguf file or hub id available offline)
     tree           a method name (``ar``, ``chain``, ``static``, ``eagle``, ``talon``) or a TreeConfig;
-                   ``budget``, ``topk``, ``mu``, ``depth`` override its fields
+                   ``budget``, ``topk``, ``mu``, ``depth`` override its fields. With a method name
+                   and no budget, talon/eagle/chain take ``budget="auto"``: the online controller
+                   picks each step's budget for this machine and prompt (:mod:`talon_sd.control`)
     drafter        ``model`` (the draft LM) or ``ngram`` (prompt lookup, no draft model needed)
     dtype, device  ``auto`` picks bfloat16 where the hardware has it, CUDA when present
     chat_template  wrap string prompts in the tokenizer's chat template (instruct models)
+    initial_budget the controller's first budget (e.g. from a ``talon tune`` profile)
     """
 
     def __init__(
@@ -74,6 +100,8 @@ class SpeculativeGenerator:
         dtype: str = "auto",
         device: str | None = None,
         chat_template: bool = True,
+        initial_budget: int | None = None,
+        cost_prior: "CostPrior | None" = None,
         **tree_options,
     ) -> None:
         from . import models
@@ -89,6 +117,7 @@ class SpeculativeGenerator:
             models.check_same_vocab(loaded_target, loaded_draft)
         self._setup(loaded_target.model, loaded_draft.model if loaded_draft else None, loaded_target.tokenizer,
                     tree_config, drafter, chat_template)
+        self._controller_start(initial_budget, cost_prior)
 
     @classmethod
     def from_models(
@@ -97,35 +126,49 @@ class SpeculativeGenerator:
         draft_model=None,
         tokenizer=None,
         *,
+        draft_tokenizer=None,
         tree: str | TreeConfig = "talon",
         drafter: str = "model",
         chat_template: bool = True,
+        initial_budget: int | None = None,
+        cost_prior: "CostPrior | None" = None,
         **tree_options,
     ) -> "SpeculativeGenerator":
-        """Wrap Hugging Face models already in memory (they must share a vocabulary)."""
+        """Wrap Hugging Face models already in memory.
+
+        The draft must mean the same token ids as the target: when both ``tokenizer`` and
+        ``draft_tokenizer`` are given their vocabularies must be equal; either way the draft's
+        distributions are cut (or padded) to the target's vocabulary, so no draft id outside it
+        ever reaches a tree."""
+        from .models import check_vocabularies
+
         self = cls.__new__(cls)
         tree_config = _tree_config(tree, tree_options)
         _check_drafter(drafter)
-        if draft_model is not None:
-            target_vocab = target_model.get_input_embeddings().weight.shape[0]
-            draft_vocab = draft_model.get_input_embeddings().weight.shape[0]
-            if target_vocab != draft_vocab:
-                raise TalonError(
-                    f"draft: vocabulary differs from the target's (target {target_vocab} tokens, draft {draft_vocab});"
-                    " speculative decoding needs a draft that shares the target's tokenizer"
-                )
+        if draft_model is not None and tokenizer is not None and draft_tokenizer is not None:
+            check_vocabularies(tokenizer, draft_tokenizer)
         self._setup(target_model, draft_model, tokenizer, tree_config, drafter, chat_template)
+        self._controller_start(initial_budget, cost_prior)
         return self
 
     def _setup(self, target_model, draft_model, tokenizer, tree_config, drafter, chat_template) -> None:
         self.target_model, self.draft_model, self.tokenizer = target_model, draft_model, tokenizer
         self.tree_config, self.drafter_name, self.chat_template = tree_config, drafter, chat_template
-        self.target = CausalLM(target_model)
-        self.draft = CausalLM(draft_model) if draft_model is not None else None
+        # Models that do not fit tree verification are refused here, before any generation.
+        self.target = CausalLM(target_model, role="target")  # limits and layout; each call makes its own cache
+        self.draft = CausalLM(draft_model, role="draft") if draft_model is not None else None
         eos = set()
         for source in (getattr(tokenizer, "eos_token_id", None), getattr(target_model.generation_config, "eos_token_id", None)):
             eos.update([source] if isinstance(source, int) else (source or []))
         self.eos_token_ids = frozenset(eos)
+
+    def _controller_start(self, initial_budget: int | None, cost_prior: "CostPrior | None") -> None:
+        if initial_budget is not None and (isinstance(initial_budget, bool) or not isinstance(initial_budget, int)
+                                           or not 1 <= initial_budget <= MAX_AUTO_BUDGET):
+            raise bad_argument("initial_budget", initial_budget, f"an integer in [1, {MAX_AUTO_BUDGET}]")
+        self.initial_budget = initial_budget
+        self.cost_prior = cost_prior  # updated after each auto-budget generation (this machine's costs)
+        self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ public calls
     def generate(self, prompt: Prompt = None, **options) -> GenerationResult:
@@ -140,15 +183,19 @@ class SpeculativeGenerator:
         """Like :meth:`generate`, but returns a :class:`TextStream` of text chunks as tokens are committed.
 
         All arguments are validated here, before the first chunk is produced."""
-        tokens, stats = self._tokens(prompt, options)
+        tokens, stats, stop = self._tokens(prompt, options)
         stream = TextStream(chunks=iter(()))
-        stream.chunks = self._chunks(tokens, stats, stream, options)
+        stream.chunks = self._chunks(tokens, stats, stream, stop)
         return stream
 
     def token_stream(self, prompt: Prompt = None, **options) -> tuple[Iterator[int], DecodeStats]:
         """The raw token generator and its (live) stats."""
-        tokens, stats = self._tokens(prompt, options)
+        tokens, stats, _ = self._tokens(prompt, options)
         return tokens, stats
+
+    def encode_prompt(self, prompt: Prompt = None, input_ids=None) -> torch.Tensor:
+        """The prompt's token ids [L] as :meth:`generate` sees them (chat template applied when enabled)."""
+        return self._prompt_ids(prompt, input_ids)
 
     # ------------------------------------------------------------------ internals
     def _tokens(self, prompt: Prompt, options: dict):
@@ -167,41 +214,84 @@ class SpeculativeGenerator:
         sampling = SamplingConfig(**sampling_options)
         generation = GenerationConfig(**generation_options)
         prompt_ids = self._prompt_ids(prompt, input_ids)
-        room = self.target.max_positions - prompt_ids.numel() - tree_config.budget
-        if room < 1:
-            raise bad_argument(
-                "prompt", f"{prompt_ids.numel()} tokens", f"at most {self.target.max_positions - tree_config.budget - 1} "
-                f"tokens (the target's context is {self.target.max_positions})"
-            )
+        stop = self._stop_condition(prompt_ids, tree_config, generation)
         drafter = self._drafter(tree_config)
-        stop = StopCondition(
-            max_new_tokens=min(generation.max_new_tokens, room),
+        target = CausalLM(self.target_model, role="target")
+        controller = self._controller(tree_config, sampling)
+        stats = DecodeStats(method=tree_config.label)
+        pipeline = Pipeline(target, drafter, make_builder(tree_config), sampling, controller)
+        return self._remember_costs(decode(pipeline, prompt_ids, stop, stats), controller), stats, stop
+
+    def _stop_condition(self, prompt_ids: torch.Tensor, tree_config: TreeConfig, generation: GenerationConfig):
+        """Checks the prompt against the target's and the draft's contexts; lowers max_new_tokens (with a
+        warning) when the context cannot hold that many tokens plus one tree."""
+        context = self.target.max_positions
+        uses_draft = self.draft is not None and tree_config.method != "ar" and self.drafter_name == "model"
+        if uses_draft and self.draft.max_positions < context:
+            context = self.draft.max_positions
+        largest_tree = MAX_AUTO_BUDGET if tree_config.auto else tree_config.budget
+        room = context - prompt_ids.numel() - largest_tree
+        owner = "the draft's" if uses_draft and context < self.target.max_positions else "the target's"
+        if room < 1:
+            raise bad_argument("prompt", f"{prompt_ids.numel()} tokens", f"at most {context - largest_tree - 1} tokens "
+                               f"({owner} context is {context} and a tree takes up to {largest_tree})")
+        max_new_tokens, reason = generation.max_new_tokens, "max_new_tokens"
+        if room < max_new_tokens:
+            warnings.warn(f"max_new_tokens: lowered from {max_new_tokens} to {room} to fit {owner} context of {context} "
+                          f"tokens", TalonWarning, stacklevel=4)
+            max_new_tokens, reason = room, "context"
+        return StopCondition(
+            max_new_tokens=max_new_tokens,
             eos_token_ids=frozenset() if generation.ignore_eos else self.eos_token_ids,
             stop_strings=generation.stop,
             text_of=self._decode if generation.stop else None,
+            length_reason=reason,
         )
-        stats = DecodeStats(method=tree_config.label)
-        pipeline = Pipeline(self.target, drafter, make_builder(tree_config), sampling)
-        return decode(pipeline, prompt_ids, stop, stats), stats
 
-    def _chunks(self, tokens: Iterator[int], stats: DecodeStats, stream: TextStream, options: dict) -> Iterator[str]:
+    def _controller(self, tree_config: TreeConfig, sampling: SamplingConfig) -> "BudgetController | None":
+        if not tree_config.auto:
+            return None
+        from .control import BudgetController, ControllerSettings
+
+        initial = self.initial_budget or _initial_budget(tree_config.method)
+        settings = ControllerSettings(max_budget=MAX_AUTO_BUDGET if tree_config.method != "chain" else 17,
+                                      initial_budget=min(initial, 17) if tree_config.method == "chain" else initial)
+        with self._lock:
+            prior = self.cost_prior
+        return BudgetController(settings, prior)
+
+    def _remember_costs(self, tokens: Iterator[int], controller: "BudgetController | None") -> Iterator[int]:
+        """Pass ``tokens`` through; afterwards keep the controller's measured costs for the next call."""
+        try:
+            yield from tokens
+        finally:
+            if controller is not None:
+                prior = controller.cost_prior()
+                if prior is not None:
+                    with self._lock:
+                        self.cost_prior = prior
+
+    def _chunks(self, tokens: Iterator[int], stats: DecodeStats, stream: TextStream, stop: StopCondition) -> Iterator[str]:
         token_ids: list[int] = []
         emitted = ""
-        for token in tokens:
-            token_ids.append(token)
-            text = self._decode(token_ids)
-            if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
-                continue
-            if len(text) > len(emitted) and text.startswith(emitted):
-                yield text[len(emitted):]
-                emitted = text
-        text = self._decode(token_ids)
+        try:
+            for token in tokens:
+                token_ids.append(token)
+                text = _cut_at_stop(self._decode(token_ids), stop.stop_strings)
+                if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
+                    continue
+                safe = len(text) - _stop_prefix_length(text, stop.stop_strings)  # hold back a possible stop string
+                if safe > len(emitted) and text.startswith(emitted):
+                    yield text[len(emitted):safe]
+                    emitted = text[:safe]
+        finally:
+            tokens.close()
+        text = _cut_at_stop(self._decode(token_ids), stop.stop_strings)
         if len(text) > len(emitted) and text.startswith(emitted):
             yield text[len(emitted):]
-        finish = "length"
-        if token_ids and (token_ids[-1] in self.eos_token_ids or any(s in text for s in options.get("stop", ()) or ())):
-            finish = "stop"
-        stream.result = GenerationResult(text=text, token_ids=token_ids, stats=stats, finish_reason=finish)
+        stream.result = GenerationResult(text=text, token_ids=token_ids, stats=stats,
+                                         finish_reason=stop.finish_reason or "length",
+                                         stop_reason=stop.reason or "max_new_tokens", stop_string=stop.stop_string)
 
     def _decode(self, token_ids: list[int]) -> str:
         if self.tokenizer is None:
@@ -230,11 +320,15 @@ class SpeculativeGenerator:
             ids = self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
         else:
             if not getattr(self.tokenizer, "chat_template", None):
-                raise TalonError("prompt: chat messages need a tokenizer with a chat template")
+                raise TalonError("prompt: chat messages need a tokenizer with a chat template "
+                                 "(this tokenizer has none: pass a plain string with chat_template=False)")
             ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
             if hasattr(ids, "keys"):
                 ids = ids["input_ids"]
-        return torch.tensor(ids, dtype=torch.long).flatten()
+        ids = torch.tensor(ids, dtype=torch.long).flatten()
+        if ids.numel() == 0:
+            raise bad_argument("prompt", prompt, "text that encodes to at least one token")
+        return ids
 
     def _use_chat_template(self) -> bool:
         return self.chat_template and bool(getattr(self.tokenizer, "chat_template", None))
@@ -244,23 +338,47 @@ class SpeculativeGenerator:
             return None
         if self.drafter_name == "ngram":
             return NgramDrafter(self.target.vocab_size)
-        if self.draft is None:
+        if self.draft_model is None:
             raise TalonError(f"draft: tree method {tree_config.method!r} needs a draft model (or drafter='ngram')")
-        return ModelDrafter(self.draft)
+        return ModelDrafter(CausalLM(self.draft_model, role="draft"), target_vocab_size=self.target.vocab_size)
+
+
+def _initial_budget(method: str) -> int:
+    from .config import METHOD_DEFAULTS
+
+    return int(METHOD_DEFAULTS[method]["budget"])
+
+
+def _cut_at_stop(text: str, stop_strings: tuple[str, ...]) -> str:
+    """``text`` up to (not including) the earliest occurrence of any stop string."""
+    cut = min((index for index in (text.find(s) for s in stop_strings) if index >= 0), default=-1)
+    return text if cut < 0 else text[:cut]
+
+
+def _stop_prefix_length(text: str, stop_strings: tuple[str, ...]) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of a stop string (may still become one)."""
+    longest = 0
+    for stop in stop_strings:
+        for length in range(min(len(stop) - 1, len(text)), longest, -1):
+            if text.endswith(stop[:length]):
+                longest = length
+                break
+    return longest
 
 
 def _tree_config(tree: str | TreeConfig, options: dict) -> TreeConfig:
+    """The TreeConfig for ``tree`` with ``options`` applied, every field not overridden kept. A method
+    name with no budget (and, for a chain, no depth) gets ``budget="auto"`` for talon/eagle/chain."""
     unknown = set(options) - set(TreeConfig.__dataclass_fields__)
     if unknown:
         raise TalonError(f"{sorted(unknown)[0]}: unknown option")
     options = {k: v for k, v in options.items() if v is not None}
     if isinstance(tree, TreeConfig):
-        if not options:
-            return tree
-        base = {name: getattr(tree, name) for name in ("mu", "static_paths")}
-        return TreeConfig(method=tree.method, **{**base, **options})
+        return tree.with_options(**options) if options else tree
     if not isinstance(tree, str):
         raise bad_argument("tree", tree, "a method name or a TreeConfig")
+    if tree in AUTO_METHODS and "budget" not in options and not (tree == "chain" and "depth" in options):
+        options["budget"] = AUTO
     return TreeConfig(method=tree, **options)
 
 

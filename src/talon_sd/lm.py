@@ -8,24 +8,92 @@ Tree attention reaches the model only through the forward call's public argument
                                                               ^ tree nodes, index order
     after acceptance of the path root -> n2 -> n5:
                  [ committed tokens except the root | root n2 n5 ]      (one gather per tensor)
+
+Which models fit this contract (checked when a :class:`CausalLM` is made, see :func:`attention_layout`):
+
+* attention implementation ``sdpa`` or ``eager`` (the ones that take an additive 4-D mask);
+  ``flash_attention_*`` and ``flex_attention`` ignore or reject such a mask and are refused;
+* every layer ``full_attention`` or ``sliding_attention`` (Llama, Qwen2/2.5/3, Mistral, Gemma 2/3,
+  Phi-3, ...). Sliding-window layers are supported exactly: the cache keeps every row (a full
+  ``DynamicLayer``, never the rolling window layer, so "row == position" holds for committed
+  tokens and ``keep``/``crop`` stay one gather), and the mask of a sliding layer also hides keys
+  at positions ``<= query position - window``, as the model's own mask does. Models whose layers
+  are mixed get a mask per layer type (``{"full_attention": ..., "sliding_attention": ...}``);
+* anything else (chunked attention, linear attention / state-space layers, KV sharing) is refused
+  with a :class:`~talon_sd.errors.TalonError` naming the layer type.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
 
+from .errors import TalonError
+
+SUPPORTED_ATTENTION = ("sdpa", "eager")
+SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+@dataclass(frozen=True)
+class AttentionLayout:
+    """The attention pattern of every decoder layer, as the tree mask must reproduce it."""
+
+    layer_types: tuple[str, ...]  # "full_attention" or "sliding_attention" per layer
+    sliding_window: int | None  # keys at positions > query position - window are visible (sliding layers)
+
+    @property
+    def has_sliding(self) -> bool:
+        return "sliding_attention" in self.layer_types
+
+    @property
+    def has_full(self) -> bool:
+        return "full_attention" in self.layer_types
+
+
+def attention_layout(model, role: str = "model") -> AttentionLayout:
+    """The layout of ``model`` or a one-line :class:`TalonError` (starting with ``role``) saying why
+    its attention or cache does not fit tree verification, and what to do."""
+    from transformers.cache_utils import get_layer_types_and_kwargs
+
+    config = model.config
+    model_type = getattr(config, "model_type", type(model).__name__)
+    implementation = getattr(config, "_attn_implementation", None) or "sdpa"
+    if implementation not in SUPPORTED_ATTENTION:
+        raise TalonError(
+            f"{role}: attention implementation {implementation!r} of this {model_type} model cannot take the tree "
+            f"attention mask; load it with attn_implementation='sdpa' (or 'eager')"
+        )
+    decoder_config = config.get_text_config(decoder=True)
+    try:
+        layer_types, layer_kwargs = get_layer_types_and_kwargs(decoder_config)
+    except Exception as error:  # configs without per-layer information
+        raise TalonError(f"{role}: cannot read the layer types of this {model_type} model ({error})") from None
+    unsupported = sorted(set(layer_types) - set(SUPPORTED_LAYER_TYPES))
+    if unsupported:
+        raise TalonError(
+            f"{role}: {model_type} has {unsupported[0]!r} layers, which tree verification does not support "
+            f"(supported: full and sliding-window attention)"
+        )
+    windows = {kwargs.get("sliding_window") for kind, kwargs in zip(layer_types, layer_kwargs) if kind == "sliding_attention"}
+    if len(windows) > 1 or None in windows:
+        raise TalonError(f"{role}: {model_type} has sliding layers with different windows {sorted(map(str, windows))}")
+    window = int(windows.pop()) if windows else None
+    return AttentionLayout(tuple(layer_types), window)
+
 
 class KVCache:
-    """A ``DynamicCache`` with the verbs the decoding loop needs."""
+    """A ``DynamicCache`` of full layers with the verbs the decoding loop needs, and the position of
+    every row (``positions [length]``; a committed row's position is its index, a tree node's is
+    the root's position plus its depth)."""
 
-    def __init__(self, model) -> None:
-        self.model_config = model.config
+    def __init__(self) -> None:
         self.reset()
 
     def reset(self) -> None:
-        self.cache = DynamicCache(config=self.model_config)
+        self.cache = DynamicCache()  # full layers only: a sliding-window layer would drop rows
+        self.positions = torch.zeros(0, dtype=torch.long)  # [length]
 
     @property
     def length(self) -> int:
@@ -35,6 +103,7 @@ class KVCache:
         """Keep the first ``length`` rows."""
         if length < self.length:
             self.cache.crop(length - self.length)
+        self.positions = self.positions[:length]
 
     @torch.inference_mode()
     def keep(self, start: int, offsets: torch.Tensor) -> None:
@@ -50,15 +119,23 @@ class KVCache:
                 rows = rows.to(layer.keys.device)
                 layer.keys[..., start : start + count, :] = layer.keys.index_select(-2, rows)
                 layer.values[..., start : start + count, :] = layer.values.index_select(-2, rows)
+            rows = rows.to(self.positions.device)
+            self.positions = torch.cat([self.positions[:start], self.positions[rows]])
         self.crop(start + count)
 
 
 class CausalLM:
-    """A Hugging Face causal LM plus its KV cache; every model call of the library goes through here."""
+    """A Hugging Face causal LM plus its KV cache; every model call of the library goes through here.
 
-    def __init__(self, model) -> None:
+    Several ``CausalLM`` may wrap the same model: each has its own cache (one per generation).
+    ``role`` names the model in errors (``target``/``draft``).
+    """
+
+    def __init__(self, model, role: str = "model") -> None:
         self.model = model
-        self.cache = KVCache(model)
+        self.role = role
+        self.layout = attention_layout(model, role)
+        self.cache = KVCache()
         embeddings = model.get_input_embeddings()
         self.vocab_size = int(embeddings.weight.shape[0])
         self.device = embeddings.weight.device
@@ -81,24 +158,42 @@ class CausalLM:
         count = int(tokens.shape[0])
         if positions is None:
             positions = torch.arange(past, past + count, device=self.device)
+        positions = positions.to(self.device)
         kwargs = {}
         if visible is not None:
-            bias = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
-            bias.masked_fill_(~visible.to(self.device), torch.finfo(self.dtype).min)
-            kwargs["attention_mask"] = bias[None, None]  # [1, 1, T, past + T]
+            kwargs["attention_mask"] = self._tree_mask(visible.to(self.device), positions)
         output = self.model(
             input_ids=tokens.to(self.device)[None],
-            position_ids=positions.to(self.device)[None],
+            position_ids=positions[None],
             past_key_values=self.cache.cache,
             use_cache=True,
             **kwargs,
         )
+        self.cache.positions = torch.cat([self.cache.positions, positions.to(self.cache.positions.device)])
         # (logits_to_keep=1 is avoided on purpose: with T > 1 it made bf16 CPU forwards ~6x slower)
         logits = output.logits[0, -1:] if last_only else output.logits[0]
         logits = logits.float()  # [T or 1, V]
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return logits
+
+    def _tree_mask(self, visible: torch.Tensor, positions: torch.Tensor):
+        """The additive mask(s) for ``visible`` [T, past + T]: one tensor ``[1, 1, T, past + T]``, or one per
+        layer type when full and sliding layers are mixed (sliding layers also hide keys out of the window)."""
+        layout = self.layout
+        masks = {}
+        if layout.has_full:
+            masks["full_attention"] = self._additive(visible)
+        if layout.has_sliding:
+            key_positions = torch.cat([self.cache.positions.to(self.device), positions])  # [past + T]
+            in_window = positions[:, None] - key_positions[None, :] < layout.sliding_window  # [T, past + T]
+            masks["sliding_attention"] = self._additive(visible & in_window)
+        return masks if len(masks) > 1 else next(iter(masks.values()))
+
+    def _additive(self, visible: torch.Tensor) -> torch.Tensor:
+        bias = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
+        bias.masked_fill_(~visible, torch.finfo(self.dtype).min)
+        return bias[None, None]  # [1, 1, T, past + T]
 
     @torch.inference_mode()
     def prefill(self, tokens: torch.Tensor) -> None:
@@ -112,8 +207,14 @@ class CausalLM:
             self.forward(tokens, last_only=True)
             return
         decoder(input_ids=tokens.to(self.device)[None], past_key_values=self.cache.cache, use_cache=True)
+        self.cache.positions = torch.arange(int(tokens.numel()))
 
     def forward_tree(self, tree) -> torch.Tensor:
         """Verify a :class:`DraftTree` whose root follows the cache: logits ``[N, V]``, one per node."""
         past = self.cache.length
         return self.forward(tree.tokens, past + tree.positions, tree.visibility(past))
+
+    def commit_tree(self, tree_size: int, path: list[int]) -> None:
+        """After verifying a tree of ``tree_size`` nodes (the last rows of the cache), keep only the
+        rows of the accepted ``path`` (node indices, root first): one gather per tensor."""
+        self.cache.keep(self.cache.length - tree_size, torch.tensor(path, dtype=torch.long))

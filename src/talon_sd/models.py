@@ -43,13 +43,14 @@ import pathlib
 import platform
 import shutil
 import tempfile
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
-from talon_sd.errors import TalonError, bad_argument
+from talon_sd.errors import TalonError, TalonWarning, bad_argument
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -63,7 +64,7 @@ _CACHE_MANIFEST = "talon_cache.json"
 _CACHE_FORMAT = 1  # bump to invalidate every dequantized cache folder
 _READ_CHUNK_BYTES = 8 << 20
 # Known backends that some architectures lack; when one is refused, eager attention is used.
-_FALLBACK_ATTENTION = ("sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
+_FALLBACK_ATTENTION = ("sdpa",)
 
 
 @dataclass(frozen=True)
@@ -544,7 +545,8 @@ def _load_weights(role: str, source: str, dtype: torch.dtype, attn_implementatio
             raise _unloadable(role, source, error) from None
         if attn_implementation not in _FALLBACK_ATTENTION:
             raise TalonError(f"attn_implementation: cannot use {attn_implementation!r} ({message})") from None
-        logger.info("%s: %s attention unavailable (%s); using eager", role, attn_implementation, message)
+        warnings.warn(f"{role}: {attn_implementation} attention is not available for this model ({message}); "
+                      "using eager attention (slower, same output)", TalonWarning, stacklevel=3)
     except Exception as error:  # OSError, safetensors errors, …: all user-facing
         raise _unloadable(role, source, error) from None
     return _load_weights(role, source, dtype, "eager")
@@ -587,6 +589,11 @@ def load_model(
         raise bad_argument(role, name_or_path, "a built-in model name, a local folder, a .gguf file or a hub id")
     if not isinstance(attn_implementation, str) or not attn_implementation:
         raise bad_argument("attn_implementation", attn_implementation, "an attention backend such as 'sdpa' or 'eager'")
+    from .lm import SUPPORTED_ATTENTION
+
+    if attn_implementation not in SUPPORTED_ATTENTION:
+        raise bad_argument("attn_implementation", attn_implementation, " or ".join(map(repr, SUPPORTED_ATTENTION))
+                           + " (tree verification passes a 4-D additive attention mask, which other backends ignore)")
     resolved_device = resolve_device(device)
     resolved_dtype = resolve_dtype(dtype, resolved_device)
     source = _resolve_source(role, name_or_path)
@@ -605,20 +612,28 @@ def check_same_vocab(target: LoadedModel, draft: LoadedModel) -> None:
     embedding matrix can be larger than the tokenizer (Qwen pads 151665 tokens to 151936 rows), so
     ``config.vocab_size`` is compared only when a tokenizer is missing.
     """
-    advice = "speculative decoding needs a draft that shares the target's tokenizer"
     if target.tokenizer is not None and draft.tokenizer is not None:
-        target_vocab = target.tokenizer.get_vocab()
-        draft_vocab = draft.tokenizer.get_vocab()
-        if target_vocab == draft_vocab:
-            return
-        if len(target_vocab) == len(draft_vocab):
-            sizes = f"both {len(target_vocab)} tokens, but different token ids"
-        else:
-            sizes = f"target {len(target_vocab)} tokens, draft {len(draft_vocab)}"
-        raise TalonError(f"draft: vocabulary differs from the target's ({sizes}); {advice}")
+        check_vocabularies(target.tokenizer, draft.tokenizer)
+        return
     target_size = target.model.config.vocab_size
     draft_size = draft.model.config.vocab_size
     if target_size != draft_size:
         raise TalonError(
-            f"draft: vocabulary differs from the target's (target {target_size} tokens, draft {draft_size}); {advice}"
+            f"draft: vocabulary differs from the target's (target {target_size} tokens, draft {draft_size}); {_SAME_VOCAB}"
         )
+
+
+_SAME_VOCAB = "speculative decoding needs a draft that shares the target's tokenizer"
+
+
+def check_vocabularies(target_tokenizer, draft_tokenizer) -> None:
+    """Raise TalonError unless the two tokenizers map every token to the same id."""
+    target_vocab = target_tokenizer.get_vocab()
+    draft_vocab = draft_tokenizer.get_vocab()
+    if target_vocab == draft_vocab:
+        return
+    if len(target_vocab) == len(draft_vocab):
+        sizes = f"both {len(target_vocab)} tokens, but different token ids"
+    else:
+        sizes = f"target {len(target_vocab)} tokens, draft {len(draft_vocab)}"
+    raise TalonError(f"draft: vocabulary differs from the target's ({sizes}); {_SAME_VOCAB}")

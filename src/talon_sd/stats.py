@@ -27,19 +27,21 @@ class DecodeStats:
     committed: int = 0  # tokens committed by verify steps, before any stop truncation
     accepted_lengths: Counter = field(default_factory=Counter)  # accepted drafts per step -> count
     tree_sizes: list[int] = field(default_factory=list)
+    budgets: list[int] = field(default_factory=list)  # the budget N each step was given (fixed, or the controller's)
     tree_depths: list[int] = field(default_factory=list)
     layer_width_sums: list[int] = field(default_factory=list)  # summed width of each depth over steps
     reached: list[int] = field(default_factory=list)  # steps whose tree reaches depth d (d = 1..)
     accepted_at: list[int] = field(default_factory=list)  # steps that accepted a node at depth d
     seconds_prefill: float = 0.0
     seconds_draft: float = 0.0  # inside draft-model forwards
-    seconds_build: float = 0.0  # tree construction, draft forwards excluded
+    seconds_build: float = 0.0  # the rest of each step: tree construction, cache commit, bookkeeping
     seconds_verify: float = 0.0  # target forward + acceptance
     seconds_total: float = 0.0
     started: float = field(default_factory=time.perf_counter, repr=False)
 
-    def observe(self, tree: DraftTree, acceptance: Acceptance, draft_forwards: int) -> None:
-        """Record one verify step."""
+    def observe(self, tree: DraftTree, acceptance: Acceptance, draft_forwards: int, budget: int | None = None) -> None:
+        """Record one verify step (``budget``: the N it was given; default the tree's size)."""
+        self.budgets.append(tree.size if budget is None else budget)
         self.target_forwards += 1
         self.draft_forwards += draft_forwards
         self.committed += acceptance.num_accepted + 1
@@ -57,6 +59,12 @@ class DecodeStats:
                 self.accepted_at.append(0)
             self.reached[depth - 1] += 1
             self.accepted_at[depth - 1] += int(acceptance.num_accepted >= depth)
+
+    def add_seconds(self, draft: float, verify: float, other: float) -> None:
+        """Wall time of one step: draft forwards, verification (target forward + rule), the rest."""
+        self.seconds_draft += draft
+        self.seconds_verify += verify
+        self.seconds_build += other
 
     def finish(self, new_tokens: int) -> None:
         self.new_tokens = new_tokens
@@ -87,6 +95,8 @@ class DecodeStats:
             "tokens_per_s": round(self.tokens_per_second, 4),
             "accepted_length_hist": {str(k): v for k, v in sorted(self.accepted_lengths.items())},
             "mean_tree_size": round(sum(self.tree_sizes) / steps, 3),
+            "mean_budget": round(sum(self.budgets) / steps, 3),
+            "budget_hist": {str(k): v for k, v in sorted(Counter(self.budgets).items())},
             "mean_tree_depth": round(sum(self.tree_depths) / steps, 3),
             "mean_layer_width": [round(w / steps, 3) for w in self.layer_width_sums],
             "depth_acceptance": [round(a / r, 4) if r else 0.0 for a, r in zip(self.accepted_at, self.reached)],

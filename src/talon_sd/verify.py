@@ -86,31 +86,52 @@ def accept_greedy(tree: DraftTree, logits: torch.Tensor) -> Acceptance:
     return Acceptance(path, [tokens[i] for i in path[1:]], target_choice[path[-1]])
 
 
+class Draws:
+    """The random draws of the sampling rule, from a CPU ``torch.Generator``. The rule asks only for
+    Bernoulli and categorical draws with the probabilities it computed, so a test can replace this
+    object and enumerate every outcome of the rule exactly (tests/test_sampling.py)."""
+
+    def __init__(self, generator: torch.Generator) -> None:
+        self.generator = generator
+
+    def bernoulli(self, probability: float) -> bool:
+        return float(torch.rand((), generator=self.generator)) < probability
+
+    def categorical(self, probabilities: torch.Tensor) -> int:  # [V] float64, sums to 1
+        return int(torch.multinomial(probabilities, 1, generator=self.generator))
+
+
+def _remove_rejected(residual: torch.Tensor, token: int) -> None:
+    """A rejected draft token leaves the residual distribution (renormalised where it is used)."""
+    residual[token] = 0.0
+
+
 def accept_sampling(
-    tree: DraftTree, logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator
+    tree: DraftTree, logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | Draws
 ) -> Acceptance:
-    """Recursive rejection over siblings (module docstring); ``logits`` [N, V], ``generator`` on CPU."""
+    """Recursive rejection over siblings (module docstring); ``logits`` [N, V]. Probabilities are
+    normalised in float64 (a float32 sum over a 150k vocabulary drifts by ~1e-5)."""
+    draws = Draws(generator) if isinstance(generator, torch.Generator) else generator  # or any bernoulli/categorical source
     tokens, children = tree.tokens.tolist(), tree.children
     path = [0]
     while True:
         node = path[-1]
-        p_target = warp(logits[node], sampling).cpu()  # [V]
+        residual = warp(logits[node], sampling).cpu().double()  # [V] p_target, then what rejections leave
         accepted_child = None
         for child in children[node]:
             x = tokens[child]
-            total = float(p_target.sum())
-            if float(torch.rand((), generator=generator)) * total < float(p_target[x]):
+            if draws.bernoulli(float(residual[x] / residual.sum())):
                 accepted_child = child
                 break
-            p_target[x] = 0.0  # rejected: remove x and renormalise implicitly
+            _remove_rejected(residual, x)
         if accepted_child is None:
-            bonus = int(torch.multinomial(p_target / p_target.sum(), 1, generator=generator))
+            bonus = draws.categorical(residual / residual.sum())
             return Acceptance(path, [tokens[i] for i in path[1:]], bonus)
         path.append(accepted_child)
 
 
 def accept(
-    tree: DraftTree, logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None
+    tree: DraftTree, logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | Draws | None
 ) -> Acceptance:
     """Greedy or sampling verification, as ``sampling`` says."""
     if sampling.greedy:

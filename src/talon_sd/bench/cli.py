@@ -19,7 +19,7 @@ import sys
 
 from ..errors import TalonError, bad_argument
 from .datasets import DATASETS, load_prompts, parse_dataset_names, split_list
-from .methods import AUTO, METHODS, TUNED_KEY, Decoding, bench_variants, parse_methods
+from .methods import AUTO, METHODS, TUNED, TUNED_KEY, Decoding, bench_variants, parse_methods
 from .sweep import SWEEP_METHODS
 
 TUNE_METHODS = ("talon", "eagle", "chain", "static")
@@ -37,23 +37,25 @@ def register(commands) -> None:
     _add_run_arguments(bench, datasets="all", limit=5, max_new_tokens=128, out="bench")
     bench.add_argument("--methods", default=",".join(METHODS),
                        help="comma-separated, some of " + ", ".join(METHODS) + " (ar always runs: the baseline)")
-    bench.add_argument("--budget", type=_auto_only, default=None,
-                       help="'auto': every tree method at the options `talon tune` picked for this machine")
-    bench.add_argument("--talon-budget", type=_int_or_auto, default=None, help="talon N (int or auto)")
+    bench.add_argument("--budget", type=_auto_or_tuned, default=None,
+                       help="'auto': talon, eagle and chain with the online budget controller (static: tuned); "
+                            "'tuned': every tree method at the options `talon tune` picked for this machine")
+    bench.add_argument("--talon-budget", type=_int_or_auto, default=None, help="talon N (int, auto or tuned)")
     bench.add_argument("--talon-mu", type=float, default=None, help="talon gate mu")
     bench.add_argument("--talon-topk", type=int, default=None, help="talon root children K")
-    bench.add_argument("--eagle-budget", type=_int_or_auto, default=None, help="eagle total tokens (int or auto)")
+    bench.add_argument("--eagle-budget", type=_int_or_auto, default=None, help="eagle total tokens (int, auto or tuned)")
     bench.add_argument("--eagle-topk", type=int, default=None, help="eagle top-k per layer")
     bench.add_argument("--eagle-depth", type=int, default=None, help="eagle draft layers")
-    bench.add_argument("--chain-depth", type=_int_or_auto, default=None, help="chain draft tokens per step (int or auto)")
-    bench.add_argument("--static-budget", type=_int_or_auto, default=None, help="static tree nodes (int or auto)")
+    bench.add_argument("--chain-depth", type=_int_or_auto, default=None, help="chain draft tokens per step (int, auto or tuned)")
+    bench.add_argument("--static-budget", type=_int_or_auto, default=None, help="static tree nodes (int or tuned)")
     bench.set_defaults(handler=run_bench_command, subparser=bench)
 
     sweep = commands.add_parser("sweep", help="speedup against the tree budget N (and mu, top-k, depth)")
     _add_model_arguments(sweep)
     _add_run_arguments(sweep, datasets="mt_bench,gsm8k,humaneval", limit=2, max_new_tokens=64, out="sweep")
     sweep.add_argument("--methods", default="talon,eagle", help="some of " + ", ".join(SWEEP_METHODS))
-    sweep.add_argument("--budgets", default="8,16,32,64,96", help="budgets N (tree nodes, root counted)")
+    sweep.add_argument("--budgets", default="8,16,32,64,96",
+                       help="budgets N (tree nodes, root counted); 'auto' adds the online controller's variant")
     sweep.add_argument("--mus", default="0.03", help="talon gate values")
     sweep.add_argument("--talon-topks", default="4", help="talon root children K")
     sweep.add_argument("--eagle-topks", default="4", help="eagle top-k per layer")
@@ -117,6 +119,8 @@ def _add_run_arguments(parser: argparse.ArgumentParser, datasets: str, limit: in
     parser.add_argument("--resume", action="store_true",
                         help="continue the run in --out from its checkpoint.jsonl (same arguments): finished "
                              "prompt turns are kept, the rest run")
+    parser.add_argument("--no-chat-template", action="store_true",
+                        help="send the prompts as plain text (base models whose tokenizer has no chat template)")
     parser.add_argument("--no-plots", action="store_true")
     parser.add_argument("--no-progress", action="store_true")
 
@@ -146,10 +150,10 @@ def _method_overrides(args: argparse.Namespace) -> dict[str, dict]:
         "chain": {"depth": args.chain_depth},
         "static": {"budget": args.static_budget},
     }
-    if args.budget == AUTO:
+    if args.budget is not None:
         for method, name in TUNED_KEY.items():
             if overrides[method][name] is None:
-                overrides[method][name] = AUTO
+                overrides[method][name] = TUNED if args.budget == TUNED or method == "static" else AUTO
     return overrides
 
 
@@ -170,7 +174,7 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     prompts, decoding = _prompts_and_decoding(args)
     methods = parse_methods(args.methods, SWEEP_METHODS)
     variants = sweep_variants(
-        methods, _numbers("budgets", args.budgets, int), _numbers("mus", args.mus, float),
+        methods, _budgets(args.budgets), _numbers("mus", args.mus, float),
         _numbers("talon-topks", args.talon_topks, int), _numbers("eagle-topks", args.eagle_topks, int),
         _numbers("eagle-depths", args.eagle_depths, int),
     )
@@ -226,8 +230,13 @@ def _check_load(args: argparse.Namespace) -> None:
 def _load_generator(args: argparse.Namespace):
     from ..generator import SpeculativeGenerator
 
+    from ..cli import controller_start
+    from ..config import TreeConfig
+
+    start = controller_start(args, TreeConfig("talon", budget="auto"))  # this machine's costs, if tuned
+    start.pop("initial_budget", None)  # each variant's own start: its method default
     return SpeculativeGenerator(args.target, args.draft, tree="talon", drafter=args.drafter, dtype=args.dtype,
-                                device=args.device)
+                                device=args.device, chat_template=not args.no_chat_template, **start)
 
 
 def _open_checkpoint(args: argparse.Namespace, kind: str, prompts, variants, decoding: Decoding):
@@ -352,18 +361,27 @@ def _numbers(name: str, text: str | None, kind: type) -> list:
         raise bad_argument(name, text, expected) from None
 
 
+def _budgets(text: str | None) -> list:
+    """``--budgets``: integers, and ``auto`` for the online controller."""
+    items = split_list(text)
+    if AUTO not in items:
+        return _numbers("budgets", text, int)
+    rest = [item for item in items if item != AUTO]
+    return [AUTO] + (_numbers("budgets", ",".join(rest), int) if rest else [])
+
+
 def _int_or_auto(text: str):
-    if text == AUTO:
+    if text in (AUTO, TUNED):
         return text
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected an integer, 'auto' or 'tuned', got {text!r}") from None
 
 
-def _auto_only(text: str):
-    if text != AUTO:
-        raise argparse.ArgumentTypeError(f"expected 'auto' (per-method numbers: --talon-budget, ...), got {text!r}")
+def _auto_or_tuned(text: str):
+    if text not in (AUTO, TUNED):
+        raise argparse.ArgumentTypeError(f"expected 'auto' or 'tuned' (per-method numbers: --talon-budget, ...), got {text!r}")
     return text
 
 

@@ -103,22 +103,25 @@ class RecordingDrafter(Drafter):
         self.inner = inner
         self.root_widths: Counter = Counter()  # pending committed tokens forwarded with the root -> count
         self.widths: Counter = Counter()  # frontier size of the later expansions -> count
-        self.pending = 1
+        self.first = True
 
-    def start(self, prompt_ids):
-        self.pending = 1
-        self.inner.start(prompt_ids)
+    def start(self, prompt_ids, features=None):
+        self.inner.start(prompt_ids, features)
+
+    def begin_step(self, root_token):
+        self.inner.begin_step(root_token)
+        self.first = True
 
     def expand(self, tree, nodes):
-        if tree.size == 1:
-            self.root_widths[self.pending] += 1
+        if self.first:  # the root expansion forwards every committed token not yet in the draft cache
+            self.root_widths[len(getattr(self.inner, "pending", ())) or 1] += 1
+            self.first = False
         else:
             self.widths[int(nodes.numel())] += 1
         return self.inner.expand(tree, nodes)
 
-    def accept(self, new_tokens):
-        self.inner.accept(new_tokens)
-        self.pending = len(getattr(self.inner, "pending", new_tokens)) or 1
+    def accept(self, tree, acceptance, features=None):
+        self.inner.accept(tree, acceptance, features)
 
 
 def calibrate(generator, tree: TreeConfig, prompts: Sequence[torch.Tensor], max_new_tokens: int,
@@ -133,7 +136,7 @@ def calibrate(generator, tree: TreeConfig, prompts: Sequence[torch.Tensor], max_
         sampling = SamplingConfig(do_sample=temperature > 0, temperature=temperature or 1.0, seed=seed + index)
         drafter = None
         if tree.method != "ar":
-            recorder = RecordingDrafter(ModelDrafter(generator.draft)) if recorder is None else recorder
+            recorder = RecordingDrafter(ModelDrafter(generator.draft, target_vocab_size=generator.target.vocab_size)) if recorder is None else recorder
             drafter = recorder
         room = generator.target.max_positions - int(ids.numel()) - tree.budget
         stop = StopCondition(max_new_tokens=max(1, min(max_new_tokens, room)), eos_token_ids=generator.eos_token_ids)

@@ -177,8 +177,9 @@ def hf_settings(generator, decoding: Decoding) -> dict:
     return {key: getattr(config, key) for key in keys}
 
 
-AUTO = "auto"
-TUNED_KEY = {"chain": "depth", "static": "budget", "eagle": "budget", "talon": "budget"}  # the flag that takes 'auto'
+AUTO = "auto"  # the online controller sets the budget every step
+TUNED = "tuned"  # the fixed options `talon tune` picked for this machine
+TUNED_KEY = {"chain": "depth", "static": "budget", "eagle": "budget", "talon": "budget"}  # the flag that takes them
 
 
 def bench_variants(methods: Sequence[str], overrides: dict[str, dict] | None = None,
@@ -186,21 +187,24 @@ def bench_variants(methods: Sequence[str], overrides: dict[str, dict] | None = N
     """One variant per method, labelled by the method name.
 
     ``overrides[method]`` holds TreeConfig fields (``budget``, ``topk``, ``mu``, ``depth``; None = the
-    method default). The value ``"auto"`` in a method's :data:`TUNED_KEY` field takes every tuned
-    option of that method from ``tuned(method)`` (the machine profile written by ``talon tune``);
-    explicit fields still win. ``ar`` is always included, first, as the speedup baseline.
+    method default). In a method's :data:`TUNED_KEY` field, ``"tuned"`` takes every tuned option of
+    that method from ``tuned(method)`` (the machine profile written by ``talon tune``), explicit fields
+    still winning; ``"auto"`` gives the method the online budget controller (talon, eagle, chain).
+    ``ar`` is always included, first, as the speedup baseline.
     """
     overrides = overrides or {}
     names = list(dict.fromkeys(["ar", *methods]))
     variants = []
     for name in names:
         options = {k: v for k, v in (overrides.get(name) or {}).items() if v is not None}
-        is_tuned = any(v == AUTO for v in options.values())
+        is_tuned = any(v == TUNED for v in options.values())
         if is_tuned:
             if tuned is None:
-                raise bad_argument(TUNED_KEY.get(name, "budget"), AUTO, "a number (no tuned profile is available here)")
-            explicit = {k: v for k, v in options.items() if v != AUTO}
+                raise bad_argument(TUNED_KEY.get(name, "budget"), TUNED, "a number (no tuned profile is available here)")
+            explicit = {k: v for k, v in options.items() if v != TUNED}
             options = {**tuned(name), **explicit}
+        if name == "chain" and options.get("depth") == AUTO:
+            options = {**options, "depth": None, "budget": AUTO}
         if name in HF_METHODS:
             variants.append(Variant(label=name, method=name))
         else:

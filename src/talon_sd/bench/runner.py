@@ -33,6 +33,8 @@ from typing import Sequence
 
 import torch
 
+from ..errors import TalonError
+
 from .datasets import Prompt
 from .methods import Decoding, Outcome, Variant, run_variant
 
@@ -145,11 +147,15 @@ def _run_sample(generator, variants: Sequence[Variant], sample: Sample, decoding
 
 
 def prompt_ids(generator, prompt: Prompt, history: list[dict], turn: int) -> torch.Tensor:
-    """Token ids [L] of turn ``turn`` of ``prompt`` after the conversation ``history`` (chat template applied)."""
+    """Token ids [L] of turn ``turn`` of ``prompt`` after the conversation ``history``: through the chat
+    template, or (``--no-chat-template``, base models) the turns and answers as plain text, one blank line apart."""
     if prompt.input_ids is not None:
-        return generator._prompt_ids(None, list(prompt.input_ids))
-    messages = history + [{"role": "user", "content": prompt.turns[turn]}]
-    return generator._prompt_ids(messages, None)
+        return generator.encode_prompt(input_ids=list(prompt.input_ids))
+    if not generator.chat_template:
+        return generator.encode_prompt("\n\n".join([m["content"] for m in history] + [prompt.turns[turn]]))
+    if generator.tokenizer is not None and not getattr(generator.tokenizer, "chat_template", None):
+        raise TalonError("prompt: the tokenizer has no chat template (a base model?); run with --no-chat-template")
+    return generator.encode_prompt(history + [{"role": "user", "content": prompt.turns[turn]}])
 
 
 def text_of(generator, token_ids: list[int]) -> str:

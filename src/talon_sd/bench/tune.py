@@ -239,17 +239,17 @@ def tuned_tree_options(method: str, target: str | None, draft: str | None, dtype
     if method == "ar":
         return {}
     if method not in TUNED_FIELDS:
-        raise TalonError(f"budget: 'auto' is not available for method {method!r}")
+        raise TalonError(f"budget: 'tuned' is not available for method {method!r}")
     key = profile_key(target, draft, dtype, temperature=temperature)
     found = find_profile(key)
     if found is None:
         mode = f"for sampling (temperature {temperature:g})" if temperature > 0 else "for greedy decoding"
-        raise TalonError(f"budget: 'auto' needs a profile tuned {mode}; run `{tune_command(key)}` first")
+        raise TalonError(f"budget: 'tuned' needs a profile tuned {mode}; run `{tune_command(key)}` first")
     profile, path = found
     methods = profile.get("methods", {})
     if method in methods:
         return tuned_options(method, methods[method]["best"])
     if method == "static" and "talon" in methods:
         return {"budget": methods["talon"]["best"]["budget"]}
-    raise TalonError(f"budget: 'auto' for {method}: the tuned profile {path} has no {method} entry; "
+    raise TalonError(f"budget: 'tuned' for {method}: the tuned profile {path} has no {method} entry; "
                      f"run `{tune_command(profile.get('key') or key)} --methods {method}`")

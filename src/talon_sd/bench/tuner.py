@@ -56,7 +56,7 @@ def calibration_prompt_ids(generator, settings: TuneSettings) -> list[torch.Tens
     prompts = load_prompts(names, limit=per_set)
     by_set = {name: [p for p in prompts if p.dataset == name] for name in names}
     chosen = [by_set[names[i % len(names)]][i // len(names)] for i in range(settings.calibration_prompts)]
-    return [generator._prompt_ids([{"role": "user", "content": p.turns[0]}], None) for p in chosen]
+    return [generator.encode_prompt([{"role": "user", "content": p.turns[0]}]) for p in chosen]
 
 
 def measure_costs(generator, settings: TuneSettings, progress: bool = True) -> CostCurve:

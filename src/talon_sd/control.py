@@ -1,0 +1,915 @@
+"""Online tree-budget control: pick each verify step's budget N to maximise tokens per second.
+
+Contract
+--------
+Pure logic: no torch, no model call, no clock (every time comes in through a :class:`StepRecord`),
+no randomness: the same records give the same budgets. The decoding loop
+(:func:`talon_sd.decoding.decode`) calls, every verify step::
+
+    next_budget()                    N for the coming step, 1 <= N <= max_budget (root counted; N = 1 is a
+                                     plain decoding step: no draft forward, the target verifies the root)
+    keep_growing(tree_log_p, frontier, widths_so_far, budget)
+                                     asked by the builder before each draft forward but the first
+    observe(StepRecord)              what the step built, accepted and cost
+
+The controller decides how many tokens are drafted, never which tokens are emitted: losslessness does
+not depend on it. Quantities follow :mod:`talon_sd.verify`: a step that accepts ``a`` draft tokens
+commits ``a + 1`` (the bonus token included); the rate of a budget is committed tokens per second.
+
+The prefix property (what makes one step informative about every smaller budget)
+------------------------------------------------------------------------------------
+The loop reports the tree's nodes in the builder's *inclusion order* (root first): the tree built
+with budget k is exactly the first k nodes of the tree built with any budget M >= k (TALON,
+Algorithm 2 of arXiv 2601.07353: whole layers, the last one cut to the best N - |T| by score; chain;
+EAGLE after its global rerank). Greedy acceptance of a prefix tree is the big tree's accepted path
+cut at the first node of position >= k (positions increase along a path). So one verified step of
+size M gives, for every k <= M, the accepted length and the draft forwards budget k would have run
+(:func:`prefix_outcome`); a step that stopped short of its budget (``complete``) gives the same for
+every k > M. Under sampling this is an approximation; it only steers the budget.
+
+Design ("Improvement" marks where this goes past the obvious recipe)
+------
+1. Costs (:class:`CostCurve`): verify seconds by tree size, draft seconds by forward width, and the
+   rest of a step (tree building, cache commit, bookkeeping) by the number of draft forwards (0 = a
+   plain step: this subsumes the plain / drafted split and charges per-layer Python work to the
+   layers). Each keeps the last ``cost_samples`` samples per size; the curve is the median per size,
+   made non-decreasing by weighted isotonic regression (pool-adjacent-violators, weights = sample
+   counts) and interpolated linearly. Improvement: isotonic regression rather than a running max, so
+   one slow outlier at a small size does not lift every larger size. Outside the known sizes the curve
+   goes on with the larger of the last segment's and the whole curve's slope (never negative; floored
+   at 0 below), so a tree size never measured is neither free nor as dear as the largest one. A
+   :class:`CostPrior` seeds the points; once sizes are measured, unmeasured prior points are scaled by
+   the median measured/prior ratio (a longer context or a busier machine moves the whole curve).
+   Improvement: the first draft forward of a step that follows a plain step also forwards the tokens
+   the plain steps committed (the drafter's catch-up, :class:`talon_sd.drafters.ModelDrafter`); that
+   sample is left out of the width table, so a run of plain steps does not make drafting look dear.
+2. Acceptance, counterfactually: each drafted step becomes a sample holding, for every candidate
+   budget it informs, (committed tokens, tree size, draft forwards). Each candidate keeps its last
+   ``window`` informing samples, weighted ``0.5 ** (age / half_life)``; a sample's seconds are
+   recomputed from the current curves (overhead(forwards) + draft(widths it needs) + verify(size)),
+   and a candidate's rate is a ratio of sums, ``sum w tokens / sum w seconds``, trusted from
+   ``min_steps`` samples on. Plain steps inform nothing about acceptance; rate(1) = 1 / (overhead(0)
+   + verify(1)) comes from the costs alone. Improvement (chained paired estimates): candidates above
+   the current choice are informed only by probes, which are few and may be old, and a candidate
+   just chosen would otherwise be judged on those stale probes. Every step that informs k informs
+   every smaller budget, so the smallest trusted drafted candidate takes its own rate and each larger
+   one k the rate of the previous trusted candidate j times ``R_k(S_k) / R_j(S_k)``, how k did
+   against j on the steps that inform k. Where all candidates share their samples (at or below the
+   choice) this telescopes to the plain ratio of sums; above it, what the steps had in common (an
+   easy stretch of code, a change of text) cancels, so a lucky or stale probe does not decide alone.
+3. Choice and exploration: the choice is the trusted candidate of highest rate (a tie keeps the
+   current choice, then goes to the smaller budget); an untrusted first choice (``initial_budget``)
+   is kept until trusted unless even its optimistic rate loses to a trusted one. Step 1 is plain when
+   verify(1) is not known (step 0 runs ``initial_budget``), and a plain step re-measures it every
+   ``plain_refresh_interval`` steps. A *trial* runs the probe budget for ``probe_steps`` steps (more
+   while it has fewer than ``min_steps`` samples); a probe of size P informs every candidate <= P at
+   once. The probe is the smallest candidate >= ``probe_factor`` x the choice (from plain,
+   ``plain_probe_budget``). Trials start ``min_probe_interval`` steps apart; the interval doubles each
+   time a trial does not move the choice up, up to ``max_probe_interval``, and resets when one does.
+   Improvements: (a) each lost trial aims twice as far as the last (``probe_levels`` levels, then
+   over), because the rate need not be unimodal in N: on the measured float32 CPU curve with code-like
+   acceptance (tests/test_control.py) budgets 2-5 lose to plain decoding while 8 wins (one draft
+   forward more for about the same verify cost); (b) dominance: a probe is
+   skipped (and counted as lost) when even its optimistic rate, ``max over F < k of (F + 1) /
+   (overhead(F) + F draft(1) + verify(k))`` (each draft forward adds at most one layer, so F forwards
+   accept at most F drafts), is below ``(1 - dominance_margin)`` x the current rate: where verifying
+   T tokens costs T one-token steps the controller settles on N = 1 at step 2 and never probes again,
+   while where costs leave room it keeps probing from plain, however bad the acceptance has been.
+4. Early stop inside a step (:meth:`BudgetController.keep_growing`): a :class:`Calibration` over bins
+   of cumulative draft log p (``calibration_edges``) learns a(p) = P(node accepted) and e(p) =
+   P(one of its children accepted | it was expanded), as Beta posteriors (prior a = e^p at the bin's
+   middle, e = 0.7 a; ``calibration_prior_strength`` pseudo-nodes) decayed by ``calibration_decay``
+   per drafted step. Improvement: "expanded" means fed to a draft forward when the record shows it
+   (layered records: forward j expands the layer forward j - 1 added), not merely "has children",
+   since a TALON frontier node whose children all fail the gate was expanded for nothing; and the
+   parents of a layer the budget cut are left out, as they lost children to the budget, not to the
+   draft. With A = sum of a over the tree's non-root nodes (the best budget - 1 of them), g = sum of e
+   over the frontier, T_now = overhead(F) + draft(widths so far) + verify(min(size, budget)), and
+   T_next adding one forward of the frontier's width and verify(min(budget, size + b |frontier|))
+   (b = nodes added per expanded node in the records' later layers), growth goes on iff
+   (A + g + 1) / T_next > (A + 1) / T_now. With no drafted step seen yet it always says grow. In the
+   synthetic worlds of tests/test_control.py this recovers most of what too large a budget loses
+   (a fixed N = 64 on the bf16 CPU curve: 0.67 -> 0.99 of the best fixed N) and costs at most ~1%
+   near the optimum; a margin in either direction did worse.
+5. Cost: on this project's 2-core CPU (Python 3.11, the machine busy with other work, load ~4) with
+   the defaults (window 32, 16 candidates), next_budget + observe took 0.17-0.33 ms per step together
+   (mean trees of 5 to 60 nodes; 0.33 ms with 64-node trees every step) and keep_growing 4-14 us per
+   call. Per step the work is O(window x candidates), plus O(known sizes) to refit the cost curves.
+
+Not modelled: the drafter's catch-up that plain steps defer to the next drafted step is charged to
+neither (a slight bias towards plain steps with a model drafter); keep_growing looks one layer ahead;
+a step stopped early by keep_growing is taken to be what every larger budget would have built (true
+up to keep_growing's own dependence on the budget).
+
+Settings are a frozen :class:`ControllerSettings`; bad values raise
+:class:`~talon_sd.errors.TalonError` naming the field. Records are checked on construction
+(inconsistent lengths raise ValueError).
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left, bisect_right
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Mapping, NamedTuple, Sequence
+
+from .errors import bad_argument
+
+DEFAULT_LADDER = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64)
+DEFAULT_CALIBRATION_EDGES = (0.0, -0.1, -0.25, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0, -8.0)  # then -inf
+CHILD_PRIOR_SHARE = 0.7  # prior: an accepted, expanded node has one of its drafted children accepted 70% of the time
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+def _median(values) -> float:
+    ordered = sorted(values)
+    n = len(ordered)
+    if n == 0:
+        return 0.0
+    middle = n // 2
+    return ordered[middle] if n % 2 else 0.5 * (ordered[middle - 1] + ordered[middle])
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_seconds(value) -> bool:
+    return _is_number(value) and math.isfinite(value) and value >= 0
+
+
+def _check_int(name: str, value, low: int, expected: str, high: int | None = None) -> None:
+    if not _is_int(value) or value < low or (high is not None and value > high):
+        raise bad_argument(name, value, expected)
+
+
+def _check_number(name: str, value, expected: str, valid) -> None:
+    if not _is_number(value) or not math.isfinite(value) or not valid(value):
+        raise bad_argument(name, value, expected)
+
+
+# ---------------------------------------------------------------------------------------------- records
+@dataclass(frozen=True)
+class StepRecord:
+    """One verify step as the controller sees it. Node lists are in inclusion order (root first).
+
+    node_log_p            [M] cumulative draft log-prob of each node, root 0.0
+    node_parent           [M] parent's inclusion position, root -1 (parents precede children)
+    accepted              inclusion positions of the accepted draft nodes, ascending, root excluded
+                          (a root-to-node path)
+    forward_widths        [F] nodes fed to each draft forward (F = 0 for a plain step)
+    prefix_after_forward  [F] tree size usable once forward j is done (non-decreasing, last == M);
+                          EAGLE: (1, ..., 1, M)
+    draft_seconds         [F] measured seconds of each draft forward
+    verify_seconds        target forward + acceptance over the M nodes
+    other_seconds         the rest of the step (tree building, cache commit, bookkeeping)
+    budget                the budget the controller asked for (M <= budget)
+    complete              the builder stopped BEFORE reaching the budget (early stop or nothing left to
+                          add): a larger budget would have given the same tree
+    """
+
+    node_log_p: tuple[float, ...]
+    node_parent: tuple[int, ...]
+    accepted: tuple[int, ...]
+    forward_widths: tuple[int, ...]
+    prefix_after_forward: tuple[int, ...]
+    draft_seconds: tuple[float, ...]
+    verify_seconds: float
+    other_seconds: float
+    budget: int
+    complete: bool
+
+    def __post_init__(self) -> None:
+        for name in ("node_log_p", "node_parent", "accepted", "forward_widths", "prefix_after_forward",
+                     "draft_seconds"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        size, forwards = len(self.node_log_p), len(self.forward_widths)
+        if size < 1:
+            raise ValueError("StepRecord.node_log_p: needs at least the root")
+        if len(self.node_parent) != size:
+            raise ValueError(f"StepRecord.node_parent: {len(self.node_parent)} entries for {size} nodes")
+        if self.node_parent[0] != -1 or any(not 0 <= self.node_parent[i] < i for i in range(1, size)):
+            raise ValueError("StepRecord.node_parent: root -1, then 0 <= parent < position")
+        previous = 0
+        for position in self.accepted:
+            if not previous < position < size or self.node_parent[position] != previous:
+                raise ValueError(f"StepRecord.accepted: {self.accepted} is not an ascending root-to-node path")
+            previous = position
+        if len(self.prefix_after_forward) != forwards or len(self.draft_seconds) != forwards:
+            raise ValueError(f"StepRecord: forward_widths, prefix_after_forward and draft_seconds differ in "
+                             f"length ({forwards}, {len(self.prefix_after_forward)}, {len(self.draft_seconds)})")
+        if any(width < 1 for width in self.forward_widths):
+            raise ValueError("StepRecord.forward_widths: every draft forward has at least one node")
+        prefix = self.prefix_after_forward
+        if any(not 1 <= p <= size for p in prefix) or any(a > b for a, b in zip(prefix, prefix[1:])):
+            raise ValueError(f"StepRecord.prefix_after_forward: {prefix} must be non-decreasing in [1, {size}]")
+        if (prefix[-1] if prefix else 1) != size:
+            raise ValueError(f"StepRecord: a tree of {size} nodes needs its last forward's prefix == {size} "
+                             "(no forward: the root alone)")
+        for name in ("verify_seconds", "other_seconds"):
+            if not _is_seconds(getattr(self, name)):
+                raise ValueError(f"StepRecord.{name}: got {getattr(self, name)!r}, expected finite seconds >= 0")
+        if not all(_is_seconds(s) for s in self.draft_seconds):
+            raise ValueError("StepRecord.draft_seconds: expected finite seconds >= 0")
+        if not 1 <= size <= self.budget:
+            raise ValueError(f"StepRecord.budget: a tree of {size} nodes cannot come from budget {self.budget}")
+        if not self.complete and size != self.budget:
+            raise ValueError(f"StepRecord.complete: False, but the tree has {size} < budget {self.budget} nodes "
+                             "(a tree short of its budget is complete)")
+
+    @property
+    def size(self) -> int:
+        """M, the number of verified nodes (root counted)."""
+        return len(self.node_log_p)
+
+
+class PrefixOutcome(NamedTuple):
+    """What a step would have been with budget k (its tree = the first ``tree_size`` nodes)."""
+
+    accepted: int  # accepted draft tokens (bonus excluded)
+    forwards: int  # draft forwards budget k runs
+    draft_widths: tuple[int, ...]  # [forwards] their widths
+    tree_size: int  # verified nodes, min(k, M)
+
+
+def informs(record: StepRecord, budget: int) -> bool:
+    """Whether ``record`` says what budget ``budget`` would have done (k <= M, or the tree was complete)."""
+    return budget <= record.size or record.complete
+
+
+def prefix_outcome(record: StepRecord, budget: int) -> PrefixOutcome:
+    """The outcome of budget k counterfactually, from the prefix property (module docstring).
+
+    accepted = accepted positions < k; forwards = 0 for k = 1, else the smallest j with
+    prefix_after_forward[j - 1] >= k (every forward when k > M, which needs ``complete``).
+    Raises ValueError for a budget the record does not inform.
+    """
+    if budget < 1 or not informs(record, budget):
+        raise ValueError(f"budget {budget}: a step of budget {record.budget} that built {record.size} nodes "
+                         f"({'complete' if record.complete else 'cut by its budget'}) does not inform it")
+    if budget == 1:
+        return PrefixOutcome(0, 0, (), 1)
+    if budget > record.size:
+        forwards = len(record.forward_widths)
+    else:
+        forwards = bisect_left(record.prefix_after_forward, budget) + 1
+    return PrefixOutcome(bisect_left(record.accepted, budget), forwards, record.forward_widths[:forwards],
+                         min(budget, record.size))
+
+
+def is_layered(record: StepRecord) -> bool:
+    """Whether each draft forward expanded exactly the nodes the previous one added (TALON, chain), as
+    the record's widths and prefixes show; not so for EAGLE, whose rerank hides its frontiers."""
+    widths, prefix = record.forward_widths, record.prefix_after_forward
+    return bool(widths) and widths[0] == 1 and all(
+        prefix[j - 1] - (prefix[j - 2] if j >= 2 else 1) == widths[j] for j in range(1, len(widths)))
+
+
+def expanded_positions(record: StepRecord) -> list[int]:
+    """Inclusion positions of the nodes fed to a draft forward: for a layered record every node but the
+    last layer's; otherwise the nodes that have children stand in."""
+    if is_layered(record):
+        prefix = record.prefix_after_forward
+        return [0] + list(range(1, prefix[-2] if len(prefix) >= 2 else 1))
+    return sorted(set(record.node_parent[1:]))
+
+
+# ---------------------------------------------------------------------------------------------- settings
+@dataclass(frozen=True)
+class CostPrior:
+    """A warm start for the cost curves, e.g. from a saved ``talon tune`` profile or the last generation.
+
+    verify_seconds    tree size -> seconds of one verify step
+    draft_seconds     forward width -> seconds of one draft forward
+    overhead_seconds  draft forwards per step -> seconds of the rest of the step (optional)
+    """
+
+    verify_seconds: dict[int, float]
+    draft_seconds: dict[int, float]
+    overhead_seconds: dict[int, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name, smallest in (("verify_seconds", 1), ("draft_seconds", 1), ("overhead_seconds", 0)):
+            table = getattr(self, name)
+            if not isinstance(table, Mapping) or not all(
+                    _is_int(size) and size >= smallest and _is_seconds(seconds) for size, seconds in table.items()):
+                raise bad_argument(name, table, f"a mapping of integers >= {smallest} to finite seconds >= 0")
+            object.__setattr__(self, name, dict(table))
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    """How the online controller chooses budgets (module docstring, "Design").
+
+    max_budget              largest budget N it may choose (root counted)
+    initial_budget          the first step's budget (or a tuned profile's N)
+    allow_plain             N = 1 (a plain decoding step) is a candidate
+    ladder                  candidate budgets (cut at max_budget; max_budget and initial_budget added)
+    window                  samples each candidate keeps (the most recent steps that inform it)
+    half_life               steps after which a sample's weight halves
+    min_steps               samples before a candidate's rate is trusted
+    probe_factor            a trial probes the smallest candidate >= probe_factor x the current choice
+    plain_probe_budget      ... and from plain (N = 1), the smallest candidate >= this
+    probe_levels            after a lost trial the next probes twice as far, up to 2 ** (levels - 1) x
+    probe_steps             steps per trial (more while the probe has fewer than min_steps samples)
+    min_probe_interval      steps between trials after one that moved the choice up (and at the start)
+    max_probe_interval      cap of the interval, which doubles after each trial that did not
+    plain_refresh_interval  steps between plain steps that re-measure verify(1) (0: never)
+    dominance_margin        skip a probe whose optimistic rate is below (1 - margin) x the current rate
+    cost_samples            recent samples kept per size in each cost curve
+    calibration_edges       bin edges of cumulative draft log p, from 0.0 down (the last bin goes to -inf)
+    calibration_decay       weight kept by past calibration counts at each drafted step
+    calibration_prior_strength  pseudo-nodes of the calibration's Beta prior
+    early_stop              keep_growing may stop a step's growth (False: it always says grow)
+    """
+
+    max_budget: int = 64
+    initial_budget: int = 8
+    allow_plain: bool = True
+    ladder: tuple[int, ...] = DEFAULT_LADDER
+    window: int = 32
+    half_life: float = 32.0
+    min_steps: int = 3
+    probe_factor: float = 2.0
+    plain_probe_budget: int = 4
+    probe_steps: int = 2
+    probe_levels: int = 3
+    min_probe_interval: int = 4
+    max_probe_interval: int = 64
+    plain_refresh_interval: int = 256
+    dominance_margin: float = 0.05
+    cost_samples: int = 9
+    calibration_edges: tuple[float, ...] = DEFAULT_CALIBRATION_EDGES
+    calibration_decay: float = 0.97
+    calibration_prior_strength: float = 2.0
+    early_stop: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("allow_plain", "early_stop"):
+            if not isinstance(getattr(self, name), bool):
+                raise bad_argument(name, getattr(self, name), "True or False")
+        _check_int("max_budget", self.max_budget, 1 if self.allow_plain else 2,
+                   "an integer >= 1" if self.allow_plain else "an integer >= 2 (allow_plain is False)")
+        _check_int("initial_budget", self.initial_budget, 1 if self.allow_plain else 2,
+                   f"an integer in [{1 if self.allow_plain else 2}, max_budget={self.max_budget}]", self.max_budget)
+        if (not isinstance(self.ladder, (tuple, list)) or not self.ladder
+                or not all(_is_int(k) and k >= 1 for k in self.ladder)):
+            raise bad_argument("ladder", self.ladder, "a non-empty tuple of integers >= 1")
+        object.__setattr__(self, "ladder", tuple(sorted(set(self.ladder))))
+        for name, low in (("window", 1), ("min_steps", 1), ("plain_probe_budget", 2), ("probe_steps", 1),
+                          ("probe_levels", 1), ("min_probe_interval", 1), ("cost_samples", 1),
+                          ("plain_refresh_interval", 0)):
+            _check_int(name, getattr(self, name), low, f"an integer >= {low}")
+        if self.min_steps > self.window:
+            raise bad_argument("min_steps", self.min_steps, f"at most window={self.window}")
+        _check_int("max_probe_interval", self.max_probe_interval, self.min_probe_interval,
+                   f"an integer >= min_probe_interval={self.min_probe_interval}")
+        _check_number("half_life", self.half_life, "a number > 0", lambda x: x > 0)
+        _check_number("probe_factor", self.probe_factor, "a number > 1", lambda x: x > 1)
+        _check_number("dominance_margin", self.dominance_margin, "a number in [0, 1)", lambda x: 0 <= x < 1)
+        _check_number("calibration_decay", self.calibration_decay, "a number in (0, 1]", lambda x: 0 < x <= 1)
+        _check_number("calibration_prior_strength", self.calibration_prior_strength, "a number > 0",
+                      lambda x: x > 0)
+        edges = self.calibration_edges
+        if (not isinstance(edges, (tuple, list)) or len(edges) < 2 or edges[0] != 0
+                or not all(_is_number(e) and math.isfinite(e) for e in edges)
+                or any(a <= b for a, b in zip(edges, edges[1:]))):
+            raise bad_argument("calibration_edges", edges, "finite log-probabilities decreasing from 0.0 "
+                               "(at least two)")
+        object.__setattr__(self, "calibration_edges", tuple(float(e) for e in edges))
+
+    def candidates(self) -> tuple[int, ...]:
+        """The candidate budgets, ascending: the ladder up to max_budget, plus max_budget and
+        initial_budget; without 1 unless allow_plain."""
+        chosen = {k for k in self.ladder if k <= self.max_budget} | {self.max_budget, self.initial_budget}
+        return tuple(sorted(k for k in chosen if self.allow_plain or k >= 2))
+
+
+# ---------------------------------------------------------------------------------------------- costs
+class CostCurve:
+    """Seconds as a non-decreasing function of a size (tree nodes, forward width, forwards per step).
+
+    Keeps the last ``keep`` samples per size; the curve runs through the per-size medians after a
+    weighted isotonic fit, linearly in between, and outside the known sizes with the larger of the last
+    segment's and the whole curve's slope (floored at 0 seconds). ``prior`` points seed it and are
+    rescaled by the median measured/prior ratio once measurements exist. Call :meth:`refit` after
+    :meth:`add` before reading it.
+    """
+
+    def __init__(self, keep: int, prior: Mapping[int, float] | None = None) -> None:
+        self.keep = keep
+        self.samples: dict[int, deque[float]] = {}
+        points = sorted((prior or {}).items())
+        self._prior = _fit([x for x, _ in points], [y for _, y in points], [1.0] * len(points))
+        self.xs: list[int] = []  # known sizes, ascending
+        self.ys: list[float] = []  # [len(xs)] fitted seconds
+        self.slope = 0.0  # seconds per unit of size outside xs
+        self._stale = True
+        self.refit()
+
+    def add(self, size: int, seconds: float) -> None:
+        samples = self.samples.get(size)
+        if samples is None:
+            samples = self.samples[size] = deque(maxlen=self.keep)
+        samples.append(float(seconds))
+        self._stale = True
+
+    def refit(self) -> None:
+        if not self._stale:
+            return
+        self._stale = False
+        measured = {size: (_median(samples), float(len(samples))) for size, samples in self.samples.items()}
+        prior_xs, prior_ys, prior_slope = self._prior
+        points = {}
+        if prior_xs:
+            ratios = [seconds / reference for size, (seconds, _) in measured.items()
+                      if (reference := _interpolate(prior_xs, prior_ys, prior_slope, size)) > 0]
+            scale = _median(ratios) if ratios else 1.0
+            points = {size: (seconds * scale, 1.0) for size, seconds in zip(prior_xs, prior_ys)}
+        points.update(measured)
+        xs = sorted(points)
+        self.xs, self.ys, self.slope = _fit(xs, [points[x][0] for x in xs], [points[x][1] for x in xs])
+
+    def has(self, size: int) -> bool:
+        """Whether ``size`` was measured or given by the prior."""
+        return size in self.samples or size in self._prior[0]
+
+    def __call__(self, size: float) -> float:
+        return _interpolate(self.xs, self.ys, self.slope, size)
+
+    def table(self, up_to: int) -> list[float]:
+        """[up_to + 1] the curve at sizes 0..up_to, for fast lookups."""
+        xs, ys, slope = self.xs, self.ys, self.slope
+        if not xs:
+            return [0.0] * (up_to + 1)
+        values, right = [], 1
+        for size in range(up_to + 1):
+            if size <= xs[0]:
+                values.append(max(ys[0] - slope * (xs[0] - size), 0.0))
+            elif size >= xs[-1]:
+                values.append(ys[-1] + slope * (size - xs[-1]))
+            else:
+                while xs[right] < size:
+                    right += 1
+                x0, x1, y0, y1 = xs[right - 1], xs[right], ys[right - 1], ys[right]
+                values.append(y0 + (y1 - y0) * (size - x0) / (x1 - x0))
+        return values
+
+    def points(self) -> dict[int, float]:
+        """The fitted curve at its known sizes (measured or prior)."""
+        return dict(zip(self.xs, self.ys))
+
+    def medians(self) -> dict[int, float]:
+        """Measured sizes only: the median of their recent samples."""
+        return {size: _median(samples) for size, samples in sorted(self.samples.items())}
+
+
+def _fit(xs: list[int], ys: list[float], weights: list[float]) -> tuple[list[int], list[float], float]:
+    """Weighted isotonic (non-decreasing) fit of ys over ascending xs, and the extrapolation slope."""
+    fitted = _isotonic(ys, weights)
+    slope = 0.0
+    if len(xs) >= 2:
+        last = (fitted[-1] - fitted[-2]) / (xs[-1] - xs[-2])
+        overall = (fitted[-1] - fitted[0]) / (xs[-1] - xs[0])
+        slope = max(last, overall, 0.0)
+    return list(xs), fitted, slope
+
+
+def _isotonic(values: list[float], weights: list[float]) -> list[float]:
+    """Pool-adjacent-violators: the non-decreasing sequence closest to ``values`` in weighted squares."""
+    blocks: list[list[float]] = []  # [weighted sum, weight, count]
+    for value, weight in zip(values, weights):
+        blocks.append([value * weight, weight, 1])
+        while len(blocks) > 1 and blocks[-2][0] * blocks[-1][1] > blocks[-1][0] * blocks[-2][1]:
+            total, weight_sum, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += weight_sum
+            blocks[-1][2] += count
+    fitted = []
+    for total, weight_sum, count in blocks:
+        fitted.extend([total / weight_sum] * int(count))
+    return fitted
+
+
+def _interpolate(xs: list[int], ys: list[float], slope: float, x: float) -> float:
+    if not xs:
+        return 0.0
+    if x <= xs[0]:
+        return max(ys[0] - slope * (xs[0] - x), 0.0)
+    if x >= xs[-1]:
+        return ys[-1] + slope * (x - xs[-1])
+    right = bisect_right(xs, x)
+    x0, x1, y0, y1 = xs[right - 1], xs[right], ys[right - 1], ys[right]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+# ---------------------------------------------------------------------------------------------- calibration
+class Calibration:
+    """a(p) = P(node accepted) and e(p) = P(a child accepted | node expanded), in bins of the node's
+    cumulative draft log p, as decayed Beta posteriors (module docstring, design 4)."""
+
+    def __init__(self, edges: tuple[float, ...], decay: float, prior_strength: float) -> None:
+        self.edges, self.decay, self.strength = edges, decay, prior_strength
+        self._bounds = sorted(edges[1:])  # ascending
+        middles = [(a + b) / 2 for a, b in zip(edges, edges[1:])] + [edges[-1] - 1.0]
+        self.accept_prior = [math.exp(m) for m in middles]
+        self.child_prior = [CHILD_PRIOR_SHARE * a for a in self.accept_prior]
+        bins = len(edges)
+        self.nodes = [0.0] * bins  # decayed count of nodes seen per bin
+        self.accepted_nodes = [0.0] * bins
+        self.expanded = [0.0] * bins
+        self.expanded_with_child = [0.0] * bins
+        self.accept = list(self.accept_prior)  # [bins] current a
+        self.child = list(self.child_prior)  # [bins] current e
+        self.steps = 0
+
+    def bin(self, log_p: float) -> int:
+        """0 for log p in (edges[1], 0], ..., the last bin for log p <= edges[-1]."""
+        return len(self._bounds) - bisect_left(self._bounds, log_p)
+
+    def observe(self, record: StepRecord) -> None:
+        decay = self.decay
+        for counts in (self.nodes, self.accepted_nodes, self.expanded, self.expanded_with_child):
+            for i in range(len(counts)):
+                counts[i] *= decay
+        accepted = set(record.accepted)
+        log_p = record.node_log_p
+        for position in range(1, record.size):
+            b = self.bin(log_p[position])
+            self.nodes[b] += 1.0
+            if position in accepted:
+                self.accepted_nodes[b] += 1.0
+        with_accepted_child = {record.node_parent[position] for position in record.accepted}
+        expanded = expanded_positions(record)
+        forwards = len(record.forward_widths)
+        if not record.complete and forwards >= 2 and is_layered(record):
+            # the budget cut the last layer: its parents lost children to the budget, not to the draft
+            last_frontier_start = record.prefix_after_forward[-3] if forwards >= 3 else 1
+            expanded = [p for p in expanded if p < last_frontier_start]
+        for position in expanded:
+            b = self.bin(log_p[position])
+            self.expanded[b] += 1.0
+            if position in with_accepted_child:
+                self.expanded_with_child[b] += 1.0
+        s = self.strength
+        self.accept = [(hit + s * prior) / (n + s)
+                       for hit, n, prior in zip(self.accepted_nodes, self.nodes, self.accept_prior)]
+        self.child = [(hit + s * prior) / (n + s)
+                      for hit, n, prior in zip(self.expanded_with_child, self.expanded, self.child_prior)]
+        self.steps += 1
+
+    def rows(self) -> list[dict]:
+        labels = [f"({b:g}, {a:g}]" for a, b in zip(self.edges, self.edges[1:])] + [f"(-inf, {self.edges[-1]:g}]"]
+        return [{"log_p": label, "accepted": round(a, 4), "child_accepted": round(e, 4), "nodes": round(n, 2),
+                 "expanded": round(x, 2)}
+                for label, a, e, n, x in zip(labels, self.accept, self.child, self.nodes, self.expanded)]
+
+
+# ---------------------------------------------------------------------------------------------- controller
+class _Sample:
+    """One drafted step, as the candidates it informs see it."""
+
+    __slots__ = ("index", "widths", "outcomes", "stamp", "cumulative_draft", "weight")
+
+    def __init__(self, index: int, widths: tuple[int, ...], outcomes: list[tuple[int, int, int]]) -> None:
+        self.index = index  # step number
+        self.widths = widths  # [F] forward widths
+        self.outcomes = outcomes  # per informed candidate, ascending: (committed tokens, tree size, forwards)
+        self.stamp = -1  # controller version the two caches below belong to
+        self.cumulative_draft: list[float] = []  # [F + 1] draft seconds of the first j forwards
+        self.weight = 0.0
+
+
+class BudgetController:
+    """Chooses every step's tree budget from measured costs and counterfactual acceptance (module
+    docstring). One instance serves one generation; feed it every verified step in order."""
+
+    def __init__(self, settings: ControllerSettings = ControllerSettings(), prior: CostPrior | None = None) -> None:
+        if not isinstance(settings, ControllerSettings):
+            raise bad_argument("settings", settings, "a ControllerSettings")
+        if prior is not None and not isinstance(prior, CostPrior):
+            raise bad_argument("prior", prior, "a CostPrior or None")
+        self.settings = settings
+        self.candidates = settings.candidates()  # ascending budgets
+        self._index_of = {k: i for i, k in enumerate(self.candidates)}
+        prior = prior or CostPrior({}, {})
+        self.verify_cost = CostCurve(settings.cost_samples, prior.verify_seconds)  # by tree size
+        self.draft_cost = CostCurve(settings.cost_samples, prior.draft_seconds)  # by forward width
+        self.overhead_cost = CostCurve(settings.cost_samples, prior.overhead_seconds)  # by draft forwards per step
+        self.calibration = Calibration(settings.calibration_edges, settings.calibration_decay,
+                                       settings.calibration_prior_strength)
+        self._samples = [deque(maxlen=settings.window) for _ in self.candidates]  # per candidate
+        self._table_top = settings.max_budget  # the cost tables cover sizes 0..top (grown to what records show)
+        self._rebuild_tables()
+        self._branch_added = 0.0  # decayed nodes added by forwards after the first...
+        self._branch_width = 0.0  # ... per node those forwards expanded
+        self._step = 0  # steps observed
+        self._version = 0  # bumped at every observe (invalidates the per-sample caches)
+        self._choice = settings.initial_budget
+        self._planned: int | None = None
+        self._previous_plain = False  # the last step ran no draft forward (the drafter has tokens to catch up)
+        self._last_plain = 0
+        self._interval = settings.min_probe_interval
+        self._next_trial = settings.min_probe_interval
+        self._trial_budget: int | None = None
+        self._probe_level = 0  # trials since the last win, modulo probe_levels
+        self._trial_left = 0
+        self._rates: dict[int, float] = {}
+        self._histogram: Counter = Counter()
+        self._probes = Counter()
+        self._growth_checks = 0
+        self._early_stops = 0
+
+    # ------------------------------------------------------------------ the loop's three calls
+    def next_budget(self) -> int:
+        """The budget N of the coming step (asking twice before the step is observed gives the same N)."""
+        if self._planned is not None:
+            return self._planned
+        if self._trial_left > 0:
+            budget = self._trial_budget
+        else:
+            self._choose()
+            budget = self._choice
+            if self._plain_due():
+                budget = 1
+            elif self._step >= self._next_trial and budget < self.candidates[-1] and budget in self._rates:
+                budget = self._start_trial()
+        self._planned = budget
+        self._histogram[budget] += 1
+        return budget
+
+    def keep_growing(self, tree_log_p: Sequence[float], frontier: Sequence[int], widths_so_far: Sequence[int],
+                     budget: int) -> bool:
+        """Whether to run the next draft forward (design 4). ``tree_log_p`` [size] cumulative draft log p of
+        the partial tree (index order, root first), ``frontier`` [F'] the indices the forward would
+        expand, ``widths_so_far`` [F] the widths of this step's forwards so far, ``budget`` the step's N."""
+        self._growth_checks += 1
+        if not self.settings.early_stop or self.calibration.steps == 0 or not self.draft_cost.xs:
+            return True
+        if not frontier:
+            return False
+        size = len(tree_log_p)
+        calibration = self.calibration
+        accept, child, bin_of = calibration.accept, calibration.child, calibration.bin
+        nodes = tree_log_p[1:]
+        if size > budget:  # a reranking builder (EAGLE) keeps the best budget - 1
+            nodes = sorted(nodes, reverse=True)[: max(budget - 1, 0)]
+        expected_accepted = sum(accept[bin_of(p)] for p in nodes)
+        expected_gain = sum(child[bin_of(tree_log_p[v])] for v in frontier)
+        if self._branch_width > 0:
+            branching = self._branch_added / self._branch_width
+        else:
+            branching = (size - 1) / max(1, sum(widths_so_far))
+        next_width = max(1, round(branching * len(frontier)))
+        forwards = len(widths_so_far)
+        draft_now = sum(self._draft(width) for width in widths_so_far)
+        time_now = self._overhead(forwards) + draft_now + self._verify(min(size, budget))
+        time_next = (self._overhead(forwards + 1) + draft_now + self._draft(len(frontier))
+                     + self._verify(min(budget, size + next_width)))
+        if time_next <= 0:
+            return True
+        grow = (expected_accepted + expected_gain + 1.0) * time_now > (expected_accepted + 1.0) * time_next
+        self._early_stops += not grow
+        return grow
+
+    def observe(self, record: StepRecord) -> None:
+        """Learn from one verified step: its costs, its counterfactual outcomes, the calibration."""
+        if not isinstance(record, StepRecord):
+            raise TypeError(f"observe() takes a StepRecord, got {type(record).__name__}")
+        forwards = len(record.forward_widths)
+        # 1. costs
+        self.verify_cost.add(record.size, record.verify_seconds)
+        self.overhead_cost.add(forwards, record.other_seconds)
+        for j, (width, seconds) in enumerate(zip(record.forward_widths, record.draft_seconds)):
+            if j > 0 or not self._previous_plain:  # the first forward after a plain step also catches up
+                self.draft_cost.add(width, seconds)
+        for curve in (self.verify_cost, self.draft_cost, self.overhead_cost):
+            curve.refit()
+        self._table_top = max(self._table_top, record.size, forwards, max(record.forward_widths, default=0))
+        self._rebuild_tables()
+        # 2. what every candidate budget would have done (plain steps say nothing about acceptance)
+        if forwards > 0 or record.complete:
+            outcomes = []
+            for k in self.candidates:
+                if not informs(record, k):
+                    break
+                outcome = prefix_outcome(record, k)
+                outcomes.append((outcome.accepted + 1, outcome.tree_size, outcome.forwards))
+            sample = _Sample(self._step, record.forward_widths, outcomes)
+            for i in range(len(outcomes)):
+                if self.candidates[i] > 1:
+                    self._samples[i].append(sample)
+        if forwards > 0:
+            self.calibration.observe(record)
+            decay = self.settings.calibration_decay
+            self._branch_added = decay * self._branch_added + record.size - record.prefix_after_forward[0]
+            self._branch_width = decay * self._branch_width + sum(record.forward_widths[1:])
+        # 3. bookkeeping
+        self._previous_plain = forwards == 0
+        if forwards == 0:
+            self._last_plain = self._step
+        self._step += 1
+        self._version += 1
+        self._planned = None
+        if self._trial_left > 0:
+            self._trial_left -= 1
+            if self._trial_left == 0:
+                self._finish_trial()
+
+    # ------------------------------------------------------------------ reports
+    def summary(self) -> dict:
+        """Budgets chosen (mean, histogram, plain fraction), the current choice and rate estimates
+        (tokens/s), probe bookkeeping, cost tables (fitted seconds) and the calibration table."""
+        chosen = sum(self._histogram.values())
+        return {
+            "steps": self._step,
+            "budget": self._choice,
+            "mean_budget": round(sum(k * n for k, n in self._histogram.items()) / chosen, 3) if chosen else 0.0,
+            "budget_histogram": dict(sorted(self._histogram.items())),
+            "plain_fraction": round(self._histogram.get(1, 0) / chosen, 4) if chosen else 0.0,
+            "rates": {k: round(rate, 6) for k, rate in sorted(self._rates.items())},
+            "probe_interval": self._interval,
+            "probes": dict(self._probes),
+            "costs": {
+                "verify_seconds": self.verify_cost.points(),
+                "draft_seconds": self.draft_cost.points(),
+                "overhead_seconds": self.overhead_cost.points(),
+            },
+            "growth_checks": self._growth_checks,
+            "early_stops": self._early_stops,
+            "calibration": self.calibration.rows(),
+        }
+
+    def cost_prior(self) -> CostPrior | None:
+        """The fitted cost curves as a :class:`CostPrior` for the next generation (None before any step)."""
+        if not self.verify_cost.samples:
+            return None
+        return CostPrior(self.verify_cost.points(), self.draft_cost.points(), self.overhead_cost.points())
+
+    def estimated_seconds(self, outcome: PrefixOutcome) -> float:
+        """The seconds the cost model gives a step with this outcome: overhead(forwards) + the draft
+        forwards' costs + verify(tree size)."""
+        return (self._overhead(outcome.forwards) + sum(self._draft(w) for w in outcome.draft_widths)
+                + self._verify(outcome.tree_size))
+
+    def rates(self) -> dict[int, float]:
+        """Current trusted rate estimates (committed tokens per second) by candidate budget."""
+        return self._estimate_rates()
+
+    # ------------------------------------------------------------------ internals: costs
+    def _rebuild_tables(self) -> None:
+        """Dense copies of the three curves over every size a record has shown (lookups by index)."""
+        top = self._table_top
+        self._verify_table = self.verify_cost.table(top)  # [top + 1] by tree size
+        self._draft_table = self.draft_cost.table(top)  # [top + 1] by forward width
+        self._overhead_table = self.overhead_cost.table(top)  # [top + 1] by draft forwards per step
+
+    def _verify(self, size: int) -> float:
+        return self._verify_table[size] if size <= self._table_top else self.verify_cost(size)
+
+    def _draft(self, width: int) -> float:
+        return self._draft_table[width] if width <= self._table_top else self.draft_cost(width)
+
+    def _overhead(self, forwards: int) -> float:
+        return self._overhead_table[forwards] if forwards <= self._table_top else self.overhead_cost(forwards)
+
+    def _plain_rate(self) -> float | None:
+        if not self.verify_cost.has(1):
+            return None
+        seconds = self._overhead(0) + self._verify(1)
+        return 1.0 / seconds if seconds > 0 else math.inf
+
+    def _optimistic_rate(self, budget: int) -> float:
+        """An upper bound on rate(budget). Each draft forward adds at most one layer, so a step with F
+        forwards accepts at most F drafts: max over F < budget of (F + 1) / (overhead(F) + F draft(1)
+        + verify(budget)) (draft(1) is the cheapest forward)."""
+        if budget == 1:
+            rate = self._plain_rate()
+            return math.inf if rate is None else rate
+        verify, draft = self._verify(budget), self._draft(1)
+        best = 0.0
+        for forwards in range(1, budget):
+            seconds = self._overhead(forwards) + forwards * draft + verify
+            if seconds <= 0:
+                return math.inf
+            best = max(best, (forwards + 1) / seconds)
+        return best
+
+    def _dominated(self, budget: int, reference: float | None) -> bool:
+        """True when no acceptance could make ``budget`` reach (1 - margin) x ``reference``."""
+        if reference is None:
+            return False
+        return self._optimistic_rate(budget) < (1.0 - self.settings.dominance_margin) * reference
+
+    # ------------------------------------------------------------------ internals: rates and choice
+    def _sums(self, samples: deque, index: int, other: int) -> tuple[float, float, float, float]:
+        """Weighted (tokens, seconds) of candidates ``index`` and ``other`` (<= index) over ``samples``."""
+        tokens = seconds = other_tokens = other_seconds = 0.0
+        verify, overhead, version = self._verify_table, self._overhead_table, self._version
+        for sample in samples:
+            if sample.stamp != version:
+                self._prepare(sample)
+            weight, draft = sample.weight, sample.cumulative_draft
+            committed, size, forwards = sample.outcomes[index]
+            tokens += weight * committed
+            seconds += weight * (overhead[forwards] + draft[forwards] + verify[size])
+            committed, size, forwards = sample.outcomes[other]
+            other_tokens += weight * committed
+            other_seconds += weight * (overhead[forwards] + draft[forwards] + verify[size])
+        return tokens, seconds, other_tokens, other_seconds
+
+    def _prepare(self, sample: _Sample) -> None:
+        cumulative, draft = [0.0], self._draft_table
+        for width in sample.widths:
+            cumulative.append(cumulative[-1] + draft[width])
+        sample.cumulative_draft = cumulative
+        sample.weight = 0.5 ** ((self._step - sample.index) / self.settings.half_life)
+        sample.stamp = self._version
+
+    def _estimate_rates(self) -> dict[int, float]:
+        """Trusted rates by candidate, chained from the smallest (design 2): the smallest trusted drafted
+        budget takes its own rate; each larger one, the previous one's rate times how the two compared
+        on the steps that inform the larger one (every such step informs the smaller one too)."""
+        rates: dict[int, float] = {}
+        plain = self._plain_rate()
+        if plain is not None:
+            rates[1] = plain
+        previous: tuple[int, float] | None = None  # (index, rate) of the last trusted drafted budget
+        for index, budget in enumerate(self.candidates):
+            samples = self._samples[index]
+            if budget == 1 or len(samples) < self.settings.min_steps:
+                continue
+            tokens, seconds, previous_tokens, previous_seconds = self._sums(
+                samples, index, index if previous is None else previous[0])
+            if tokens <= 0 or seconds <= 0:
+                continue
+            rate = tokens / seconds
+            if previous is not None and previous_tokens > 0 and previous_seconds > 0:
+                rate = previous[1] * rate * previous_seconds / previous_tokens
+            rates[budget] = rate
+            previous = (index, rate)
+        return rates
+
+    def _choose(self) -> None:
+        """Update the current choice: the best trusted candidate; an untrusted choice (the initial
+        budget) stays until even its optimistic rate loses clearly."""
+        rates = self._rates = self._estimate_rates()
+        if not rates:
+            return
+        best = max(rates, key=lambda k: (rates[k], -k))
+        current = rates.get(self._choice)
+        if current is not None:
+            if rates[best] > current:  # a tie keeps the current choice
+                self._choice = best
+        elif self._dominated(self._choice, rates[best]):
+            self._choice = best
+
+    def _plain_due(self) -> bool:
+        settings = self.settings
+        if not settings.allow_plain or self._choice == 1:
+            return False
+        if not self.verify_cost.has(1):
+            return self._step >= 1
+        refresh = settings.plain_refresh_interval
+        return refresh > 0 and self._step - self._last_plain >= refresh
+
+    def _start_trial(self) -> int:
+        """Begin a trial at the probe budget and return it; the current choice when every probe is dominated."""
+        settings, choice = self.settings, self._choice
+        above = [k for k in self.candidates if k > choice]
+        base = settings.plain_probe_budget if choice == 1 else settings.probe_factor * choice
+        target = base * 2 ** self._probe_level  # each lost trial probes twice as far, then starts over
+        top = next((k for k in above if k >= target), above[-1])
+        reference = self._rates.get(choice)
+        probe = next((k for k in reversed(above) if k <= top and not self._dominated(k, reference)), None)
+        if probe is None:
+            self._probes["skipped"] += 1
+            self._lose()
+            return choice
+        self._trial_budget = probe
+        have = len(self._samples[self._index_of[probe]])
+        self._trial_left = max(settings.probe_steps, settings.min_steps - have)
+        return probe
+
+    def _finish_trial(self) -> None:
+        before = self._choice
+        self._trial_budget = None
+        self._choose()
+        if self._choice > before:
+            self._probes["won"] += 1
+            self._probe_level = 0
+            self._interval = self.settings.min_probe_interval
+            self._next_trial = self._step + self._interval
+        else:
+            self._probes["lost"] += 1
+            self._lose()
+
+    def _lose(self) -> None:
+        self._probe_level = (self._probe_level + 1) % self.settings.probe_levels
+        self._interval = min(2 * self._interval, self.settings.max_probe_interval)
+        self._next_trial = self._step + self._interval

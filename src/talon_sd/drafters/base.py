@@ -1,0 +1,36 @@
+"""The drafter protocol (stated in :mod:`talon_sd.drafters`)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+import torch
+
+from ..tree import DraftTree
+from ..verify import Acceptance
+
+
+class Drafter(ABC):
+    """Source of draft distributions for the tree builders; one instance serves one generation at a time."""
+
+    name: ClassVar[str]
+    feature_layers: ClassVar[tuple[int, ...]] = ()  # target hidden-state layers this drafter reads
+
+    @abstractmethod
+    def start(self, prompt_ids: torch.Tensor, features: torch.Tensor | None = None) -> None:
+        """Begin a generation for ``prompt_ids`` [L]; ``prompt_ids[-1]`` is the first root.
+        ``features`` [L - 1, H'] are the target's states of ``prompt_ids[:-1]`` (None without feature_layers)."""
+
+    @abstractmethod
+    def begin_step(self, root_token: int) -> None:
+        """A verify step starts from ``root_token``, the last committed token."""
+
+    @abstractmethod
+    def expand(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
+        """Log-probabilities ``[F, V_target]`` of the children of ``nodes`` [F] of ``tree`` (one draft forward)."""
+
+    @abstractmethod
+    def accept(self, tree: DraftTree, acceptance: Acceptance, features: torch.Tensor | None = None) -> None:
+        """The target verified ``tree`` and committed ``acceptance.new_tokens``; ``features``
+        [len(acceptance.path), H'] are its states at the accepted path's nodes (None without feature_layers)."""

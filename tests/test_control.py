@@ -1,0 +1,535 @@
+"""The online budget controller (talon_sd.control) in a synthetic world: no model, no clock.
+
+The world stands in for a drafter, a target and a machine. Per step and per depth d, the draft's
+top-1 probability conf_d is drawn from ``confidence``; every node at depth d - 1 proposes children of
+probabilities conf, (1 - conf)/2, (1 - conf)/4, (1 - conf)/8 by rank. The target's token at depth d is
+the draft's rank-r child with probability ``agree`` * c_r (a draft calibrated up to ``agree``) and a
+token the draft did not rank otherwise. Trees are built by TALON's rule (Algorithm 2: top-K root
+children, then a gate mu relative to the layer pool's maximum, the overflow cut to the budget), and
+accepted greedily; the simulated builder asks the controller's keep_growing before every draft
+forward but the first, as the real builders do. Costs are injected functions of the tree size and the
+forward width, with seeded multiplicative noise (and, optionally, the model drafter's catch-up: the
+first forward after plain steps also forwards the tokens they committed). The draws of step s depend only on (seed, s) and the depth, never on the budget,
+so fixed budgets and the controller are compared on the same text (common random numbers).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import pytest
+
+from talon_sd.control import (
+    DEFAULT_LADDER,
+    BudgetController,
+    ControllerSettings,
+    CostCurve,
+    CostPrior,
+    PrefixOutcome,
+    StepRecord,
+    expanded_positions,
+    informs,
+    prefix_outcome,
+)
+from talon_sd.errors import TalonError
+
+RANKS = 4  # children the synthetic draft ranks under each node
+
+
+@dataclass(frozen=True)
+class World:
+    """A synthetic drafter, target and machine (module docstring). Seconds are arbitrary units."""
+
+    verify: Callable[[int], float]  # tree size -> seconds of the verify forward
+    draft: Callable[[int], float]  # forward width -> seconds of one draft forward
+    other: float = 0.02  # seconds of the rest of each step
+    agree: float = 0.9
+    confidence: tuple[float, float] = (0.5, 0.95)
+    topk: int = 4
+    mu: float = 0.03
+    noise: float = 0.05  # relative standard deviation of every measured time
+    catch_up: float = 0.0  # extra seconds of a step's first draft forward per token committed without drafting
+
+
+@dataclass
+class Run:
+    budgets: list[int] = field(default_factory=list)  # [steps] budget each step was given
+    tokens: list[int] = field(default_factory=list)  # [steps] committed tokens (bonus included)
+    seconds: list[float] = field(default_factory=list)  # [steps] simulated wall time
+
+    def rate(self, start: int = 0, stop: int | None = None) -> float:
+        return sum(self.tokens[start:stop]) / sum(self.seconds[start:stop])
+
+    def mean_budget(self, start: int = 0, stop: int | None = None) -> float:
+        chosen = self.budgets[start:stop]
+        return sum(chosen) / len(chosen)
+
+
+def child_probabilities(confidence: float) -> list[float]:
+    return [confidence] + [(1 - confidence) * 0.5 ** r for r in range(1, RANKS)]
+
+
+def simulate_step(world: World, seed: int, index: int, budget: int, controller: BudgetController | None,
+                  pending: int) -> StepRecord:
+    """One TALON step of budget ``budget`` in ``world``; ``pending`` tokens wait in the drafter."""
+    text = random.Random(f"text {seed} {index}")  # depth-wise draws: the same for every budget
+    clock = random.Random(f"clock {seed} {index}")  # timing noise
+    draws: list[tuple[float, float, float]] = []
+
+    def at_depth(depth: int) -> tuple[float, float, float]:
+        while len(draws) < depth:
+            draws.append((text.uniform(*world.confidence), text.random(), text.random()))
+        return draws[depth - 1]
+
+    def measured(seconds: float) -> float:
+        return max(0.0, seconds * (1 + world.noise * clock.gauss(0, 1)))
+
+    log_p, parent, depth = [0.0], [-1], [0]
+    child_at: dict[tuple[int, int], int] = {}
+    frontier, widths, prefix, draft_seconds = [0], [], [], []
+    while len(log_p) < budget:
+        if len(log_p) > 1 and controller is not None and not controller.keep_growing(
+                list(log_p), list(frontier), list(widths), budget):
+            break
+        layer = depth[frontier[0]] + 1
+        log_c = [math.log(c) for c in child_probabilities(at_depth(layer)[0])]
+        room = budget - len(log_p)
+        if len(log_p) == 1:  # robust initialisation: the top-K children of the root
+            candidates = [(log_c[r], 0, r) for r in range(min(world.topk, RANKS, room))]
+        else:  # the gate relative to the pool's maximum
+            pool = [(log_p[v] + log_c[r], v, r) for v in frontier for r in range(RANKS)]
+            best = max(c[0] for c in pool)
+            candidates = [c for c in pool if c[0] >= best + math.log(world.mu)]
+        candidates = sorted(candidates, key=lambda c: -c[0])[:room]
+        catch_up = world.catch_up * (pending - 1) if not widths else 0.0
+        draft_seconds.append(measured(world.draft(len(frontier))) + catch_up)
+        widths.append(len(frontier))
+        first_new = len(log_p)
+        for score, v, r in candidates:
+            child_at[(v, r)] = len(log_p)
+            log_p.append(score)
+            parent.append(v)
+            depth.append(layer)
+        frontier = list(range(first_new, len(log_p)))
+        prefix.append(len(log_p))
+    position, accepted = 0, []
+    while True:  # greedy acceptance: follow the target's token while the tree has it
+        confidence, agree_draw, rank_draw = at_depth(depth[position] + 1)
+        if agree_draw >= world.agree:
+            break
+        rank, total = None, 0.0
+        for r, c in enumerate(child_probabilities(confidence)):
+            total += c
+            if rank_draw < total:
+                rank = r
+                break
+        if rank is None or (position, rank) not in child_at:
+            break
+        position = child_at[(position, rank)]
+        accepted.append(position)
+    return StepRecord(
+        node_log_p=tuple(log_p), node_parent=tuple(parent), accepted=tuple(accepted),
+        forward_widths=tuple(widths), prefix_after_forward=tuple(prefix), draft_seconds=tuple(draft_seconds),
+        verify_seconds=measured(world.verify(len(log_p))), other_seconds=measured(world.other),
+        budget=budget, complete=len(log_p) < budget,
+    )
+
+
+def simulate(world_at: Callable[[int], World] | World, steps: int, policy: BudgetController | int,
+             seed: int = 0) -> Run:
+    """Run ``steps`` steps with a fixed budget or a controller; ``world_at(step)`` may change the world."""
+    world_of = world_at if callable(world_at) and not isinstance(world_at, World) else (lambda _: world_at)
+    controller = policy if isinstance(policy, BudgetController) else None
+    run, pending = Run(), 1
+    for index in range(steps):
+        budget = controller.next_budget() if controller is not None else policy
+        record = simulate_step(world_of(index), seed, index, budget, controller, pending)
+        if controller is not None:
+            controller.observe(record)
+        committed = len(record.accepted) + 1
+        pending = 1 if record.forward_widths else pending + committed
+        run.budgets.append(budget)
+        run.tokens.append(committed)
+        run.seconds.append(sum(record.draft_seconds) + record.verify_seconds + record.other_seconds)
+    return run
+
+
+def fixed_rates(world: World, steps: int, seed: int = 0, max_budget: int = 64) -> dict[int, float]:
+    """Brute force: tokens/s of every ladder budget held fixed, on the same text."""
+    return {k: simulate(world, steps, k, seed).rate() for k in DEFAULT_LADDER if k <= max_budget}
+
+
+# Machines. "hostile": verifying T tokens costs T one-token steps (AVX2 float32). "flat": verification
+# about free up to 64 tokens (bf16 AVX512 for small T, a GPU). "sloped": in between.
+HOSTILE = World(verify=lambda t: 1.0 * t, draft=lambda w: 0.25 + 0.05 * w, agree=0.9, confidence=(0.6, 0.99))
+FLAT = World(verify=lambda t: 1.0 + 0.002 * t, draft=lambda w: 0.08 + 0.001 * w, agree=0.97,
+             confidence=(0.75, 0.99))
+SLOPED = World(verify=lambda t: 1.0 + 0.03 * t, draft=lambda w: 0.15 + 0.002 * w, agree=0.9,
+               confidence=(0.5, 0.95))
+WARM_UP = 50
+
+
+# ---------------------------------------------------------------------------------------------- choices
+def test_hostile_costs_settle_on_plain_decoding():
+    controller = BudgetController(ControllerSettings())
+    run = simulate(HOSTILE, 400, controller)
+    after = run.budgets[WARM_UP:]
+    assert after.count(1) / len(after) >= 0.8
+    plain = simulate(HOSTILE, 400, 1)
+    assert run.rate() >= 0.95 * plain.rate()
+    assert run.rate(WARM_UP) >= 0.97 * plain.rate(WARM_UP)
+    # Here no acceptance could pay for a tree (F forwards accept at most F drafts): after the initial
+    # budget and the plain step that measures verify(1), every probe is skipped.
+    assert set(run.budgets[2:]) == {1}
+    assert set(controller.summary()["probes"]) == {"skipped"}
+
+
+def test_flat_verification_picks_large_trees_near_the_best_fixed_budget():
+    steps = 500
+    controller = BudgetController(ControllerSettings())
+    run = simulate(FLAT, steps, controller)
+    assert run.mean_budget(WARM_UP) >= 12
+    best = max(fixed_rates(FLAT, steps).values())
+    assert run.rate() >= 0.97 * best
+
+
+def test_settles_near_the_brute_force_optimum():
+    steps = 500
+    controller = BudgetController(ControllerSettings())
+    run = simulate(SLOPED, steps, controller)
+    rates = fixed_rates(SLOPED, steps)
+    best = max(rates.values())
+    assert run.rate() >= 0.95 * best
+    late = run.budgets[steps // 2:]
+    settled = max(set(late), key=late.count)  # the budget it chose most in the second half
+    assert rates[settled] >= 0.95 * best, (settled, rates)
+
+
+def test_budget_goes_down_when_acceptance_drops():
+    low = World(verify=SLOPED.verify, draft=SLOPED.draft, agree=0.35, confidence=(0.3, 0.7))
+    high = World(verify=SLOPED.verify, draft=SLOPED.draft, agree=0.97, confidence=(0.8, 0.99))
+    run = simulate(lambda step: high if step < 200 else low, 300, BudgetController(ControllerSettings()))
+    before = run.mean_budget(150, 200)
+    assert before >= 10
+    halved = next(step for step in range(200, 290) if run.mean_budget(step, step + 10) <= before / 2)
+    assert halved - 200 <= 40
+    rates_low = fixed_rates(low, 100)
+    best_low = max(rates_low, key=rates_low.get)
+    assert run.mean_budget(250, 300) <= 2 * best_low
+
+
+def test_leaves_plain_decoding_when_speculation_starts_to_pay():
+    # The drafter catches up on every token committed while it was idle: the first forward after a
+    # run of plain steps is slow, and must not make drafting look dear for good.
+    costs = dict(verify=lambda t: 1.0 + 0.01 * t, draft=lambda w: 0.3, catch_up=0.02)
+    hard = World(agree=0.15, confidence=(0.2, 0.5), **costs)
+    easy = World(agree=0.97, confidence=(0.85, 0.99), **costs)
+    run = simulate(lambda step: hard if step < 300 else easy, 450, BudgetController(ControllerSettings()))
+    assert run.budgets[200:300].count(1) >= 90  # plain wins while the draft is bad
+    left = next(step for step in range(300, 440) if min(run.budgets[step:step + 10]) > 1)
+    assert left - 300 <= ControllerSettings().max_probe_interval + 10  # the next probe noticed
+    assert run.mean_budget(400, 450) >= 8
+    assert run.rate(400, 450) >= 0.9 * max(fixed_rates(easy, 150).values())
+
+
+CPU_FACTS_MS = {  # one target forward over T tokens, 1.5B on this project's CPU (shared/reference/cpu_facts.md)
+    "bf16": {1: 163, 2: 137, 4: 138, 8: 161, 16: 195, 32: 273, 64: 432},
+    "fp32": {1: 317, 2: 653, 4: 596, 8: 558, 16: 696, 32: 943, 64: 1439},
+}
+
+
+def measured_curve(table: dict[int, float]) -> Callable[[int], float]:
+    sizes = sorted(table)
+
+    def seconds(size: int) -> float:
+        right = next(i for i, s in enumerate(sizes) if s >= size)
+        if sizes[right] == size or right == 0:
+            return table[sizes[right]] / 1000
+        x0, x1 = sizes[right - 1], sizes[right]
+        return (table[x0] + (table[x1] - table[x0]) * (size - x0) / (x1 - x0)) / 1000
+
+    return seconds
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize("text", ["code", "chat"])
+def test_on_this_cpus_measured_costs_never_slower_than_plain_and_near_the_best(dtype, text):
+    # A 0.5B draft forward costs about 0.3 of the 1.5B target's; code: 95% top-1 agreement, chat: 77%.
+    verify = measured_curve(CPU_FACTS_MS[dtype])
+    acceptance = dict(agree=0.95, confidence=(0.7, 0.99)) if text == "code" else dict(agree=0.8, confidence=(0.3, 0.9))
+    world = World(verify=verify, draft=lambda width: 0.3 * verify(width), other=0.005, **acceptance)
+    steps = 300
+    run = simulate(world, steps, BudgetController(ControllerSettings()))
+    rates = fixed_rates(world, steps)
+    assert run.rate() >= 0.95 * rates[1]
+    assert run.rate() >= 0.93 * max(rates.values())
+
+
+def test_without_plain_steps_the_smallest_tree_is_the_floor():
+    settings = ControllerSettings(allow_plain=False)
+    run = simulate(HOSTILE, 150, BudgetController(settings))
+    assert min(run.budgets) >= 2
+    assert run.budgets[WARM_UP:].count(2) / (150 - WARM_UP) >= 0.8
+
+
+def test_same_records_give_the_same_budgets():
+    first = simulate(SLOPED, 120, BudgetController(ControllerSettings()))
+    second = simulate(SLOPED, 120, BudgetController(ControllerSettings()))
+    assert first.budgets == second.budgets
+    assert all(1 <= k <= 64 for k in first.budgets)
+
+
+def plain_record() -> StepRecord:
+    return StepRecord(node_log_p=(0.0,), node_parent=(-1,), accepted=(), forward_widths=(), prefix_after_forward=(),
+                      draft_seconds=(), verify_seconds=1.0, other_seconds=0.0, budget=1, complete=False)
+
+
+def test_the_first_forward_after_a_plain_step_is_not_a_width_sample():
+    # it also forwards the tokens the plain step committed (the drafter's catch-up)
+    controller = BudgetController(ControllerSettings())
+    controller.observe(plain_record())
+    caught_up = StepRecord(**{**chain_record(budget=3, accepted=1).__dict__, "draft_seconds": (5.0, 0.1)})
+    controller.observe(caught_up)
+    assert controller.draft_cost.medians() == {1: 0.1}
+    controller.observe(StepRecord(**{**caught_up.__dict__, "draft_seconds": (0.2, 0.2)}))
+    assert controller.draft_cost.medians() == {1: 0.2}  # 0.1, 0.2, 0.2: both forwards count now
+
+
+def test_a_prior_skips_the_plain_measurement_and_is_rescaled_by_measurements():
+    prior = CostPrior(verify_seconds={1: 2.0, 8: 2.0, 64: 4.0}, draft_seconds={1: 0.5})
+    controller = BudgetController(ControllerSettings(), prior)
+    assert controller.verify_cost(32) == pytest.approx(2.0 + 2.0 * 24 / 56)
+    for _ in range(3):  # the machine turns out twice as fast at size 8: unmeasured sizes follow
+        assert controller.next_budget() != 1  # verify(1) is known from the prior
+        controller.observe(chain_record(budget=8, accepted=2, verify_seconds=1.0))
+    assert controller.verify_cost(8) == pytest.approx(1.0)
+    assert controller.verify_cost(64) == pytest.approx(2.0)
+    assert controller.verify_cost(1) == pytest.approx(1.0)
+
+
+# ---------------------------------------------------------------------------------------------- costs
+def test_cost_curve_is_a_non_decreasing_fit_of_recent_medians():
+    curve = CostCurve(keep=3)
+    for seconds in (9.0, 1.0, 1.2, 1.4):  # keeps the last 3: median 1.2 (the 9.0 fell out)
+        curve.add(1, seconds)
+    for seconds in (1.0, 1.1, 0.9):  # median 1.0 at size 4, below size 1's: the two are pooled
+        curve.add(4, seconds)
+    curve.add(8, 3.0)
+    curve.refit()
+    assert curve.points() == pytest.approx({1: 1.1, 4: 1.1, 8: 3.0})
+    assert curve(6) == pytest.approx(1.1 + 1.9 * 2 / 4)  # linear in between
+    slope = max((3.0 - 1.1) / 4, (3.0 - 1.1) / 7)  # the steeper of the last segment and the whole curve
+    assert curve(10) == pytest.approx(3.0 + 2 * slope)
+    assert curve(0) == pytest.approx(1.1 - slope)
+    assert curve.table(12) == pytest.approx([curve(size) for size in range(13)])
+    assert curve.medians() == pytest.approx({1: 1.2, 4: 1.0, 8: 3.0})
+
+
+def test_an_outlier_at_a_small_size_does_not_lift_the_whole_curve():
+    curve = CostCurve(keep=9)
+    curve.add(2, 5.0)  # one slow step (a page fault) at size 2
+    for size in (4, 8, 16):
+        for _ in range(9):
+            curve.add(size, 1.0)
+    curve.refit()
+    assert curve(16) < 1.5  # a running max would say 5.0
+
+
+# ---------------------------------------------------------------------------------------------- counterfactual
+def talon_record() -> StepRecord:
+    """A hand-built TALON step of budget 10: layer 1 = positions 1-3 (one forward of the root), layer 2 =
+    4-7 (children of 1, 1, 2, 3; forward of width 3), layer 3 = 8-9 (children of 4 and 5; forward of
+    width 4). Accepted path: 1 -> 5 -> 9 (5 and 9 are each the second best of their layer)."""
+    return StepRecord(
+        node_log_p=(0.0, -0.1, -1.5, -2.5, -0.3, -0.9, -1.8, -2.9, -0.5, -1.2),
+        node_parent=(-1, 0, 0, 0, 1, 1, 2, 3, 4, 5),
+        accepted=(1, 5, 9),
+        forward_widths=(1, 3, 4),
+        prefix_after_forward=(4, 8, 10),
+        draft_seconds=(0.2, 0.3, 0.4),
+        verify_seconds=1.0,
+        other_seconds=0.05,
+        budget=10,
+        complete=False,
+    )
+
+
+def chain_record(budget: int, accepted: int, verify_seconds: float = 1.0) -> StepRecord:
+    return StepRecord(
+        node_log_p=tuple(-0.1 * i for i in range(budget)), node_parent=tuple(range(-1, budget - 1)),
+        accepted=tuple(range(1, accepted + 1)), forward_widths=(1,) * (budget - 1),
+        prefix_after_forward=tuple(range(2, budget + 1)), draft_seconds=(0.1,) * (budget - 1),
+        verify_seconds=verify_seconds, other_seconds=0.0, budget=budget, complete=False,
+    )
+
+
+@pytest.mark.parametrize("budget, expected", [
+    (1, PrefixOutcome(0, 0, (), 1)),
+    (2, PrefixOutcome(1, 1, (1,), 2)),  # the best root child only: one forward
+    (4, PrefixOutcome(1, 1, (1,), 4)),  # the whole first layer
+    (5, PrefixOutcome(1, 2, (1, 3), 5)),  # layer 2 cut to its best node (4, a child of 1): 5 is missing
+    (6, PrefixOutcome(2, 2, (1, 3), 6)),
+    (8, PrefixOutcome(2, 2, (1, 3), 8)),
+    (9, PrefixOutcome(2, 3, (1, 3, 4), 9)),  # layer 3 cut to node 8: 9 is missing
+    (10, PrefixOutcome(3, 3, (1, 3, 4), 10)),
+])
+def test_prefix_outcome_of_a_talon_step(budget, expected):
+    assert prefix_outcome(talon_record(), budget) == expected
+
+
+def test_a_cut_step_does_not_inform_larger_budgets_and_a_complete_one_does():
+    record = talon_record()
+    assert not informs(record, 11)
+    with pytest.raises(ValueError):
+        prefix_outcome(record, 11)
+    complete = StepRecord(**{**record.__dict__, "budget": 16, "complete": True})
+    assert prefix_outcome(complete, 40) == PrefixOutcome(3, 3, (1, 3, 4), 10)
+
+
+def test_prefix_outcome_of_eagle_and_chain_steps():
+    # EAGLE: 3 draft forwards, then a rerank; nodes in score order, usable only after the last forward
+    eagle = StepRecord(node_log_p=(0.0, -0.2, -0.4, -0.7, -0.9, -1.1), node_parent=(-1, 0, 1, 0, 2, 1),
+                       accepted=(1, 2), forward_widths=(1, 2, 2), prefix_after_forward=(1, 1, 6),
+                       draft_seconds=(0.1, 0.1, 0.1), verify_seconds=1.0, other_seconds=0.0, budget=6,
+                       complete=False)
+    assert prefix_outcome(eagle, 2) == PrefixOutcome(1, 3, (1, 2, 2), 2)
+    assert prefix_outcome(eagle, 6) == PrefixOutcome(2, 3, (1, 2, 2), 6)
+    chain = chain_record(budget=6, accepted=3)
+    assert [prefix_outcome(chain, k).forwards for k in range(1, 7)] == [0, 1, 2, 3, 4, 5]
+    assert [prefix_outcome(chain, k).accepted for k in range(1, 7)] == [0, 1, 2, 3, 3, 3]
+    assert expanded_positions(chain) == [0, 1, 2, 3, 4]
+    assert expanded_positions(eagle) == [0, 1, 2]  # hidden frontiers: the nodes with children
+    assert expanded_positions(talon_record()) == [0, 1, 2, 3, 4, 5, 6, 7]
+
+
+def test_the_controller_charges_each_budget_its_own_forwards_and_tree():
+    prior = CostPrior(verify_seconds={1: 1.0, 17: 2.6}, draft_seconds={1: 0.2, 5: 0.6},
+                      overhead_seconds={0: 0.01, 4: 0.05})
+    controller = BudgetController(ControllerSettings(), prior)
+    record = talon_record()
+    for budget, seconds in [
+        (1, 0.01 + 1.0),
+        (4, 0.02 + 0.2 + 1.3),
+        (5, 0.03 + 0.2 + 0.4 + 1.4),
+        (10, 0.04 + 0.2 + 0.4 + 0.5 + 1.9),
+    ]:
+        assert controller.estimated_seconds(prefix_outcome(record, budget)) == pytest.approx(seconds)
+
+
+def test_rates_are_ratios_of_sums_over_the_informing_steps():
+    prior = CostPrior(verify_seconds={1: 1.0, 64: 1.0}, draft_seconds={1: 0.1, 64: 0.1},
+                      overhead_seconds={0: 0.0, 64: 0.0})
+    controller = BudgetController(ControllerSettings(half_life=1e9, initial_budget=4), prior)
+    for accepted in (3, 0, 1):  # chains of budget 4: tokens at k = 4 are 4, 1, 2 over 3 x 1.3 seconds
+        controller.next_budget()
+        controller.observe(chain_record(budget=4, accepted=accepted, verify_seconds=1.0))
+    rates = controller.rates()
+    assert rates[4] == pytest.approx((4 + 1 + 2) / (3 * 1.3))
+    assert rates[2] == pytest.approx((2 + 1 + 2) / (3 * 1.1))
+    assert rates[1] == pytest.approx(1.0)
+    assert 5 not in rates  # no step informs a budget above 4
+
+
+# ---------------------------------------------------------------------------------------------- early stop
+def trained_controller(draft_seconds: float) -> BudgetController:
+    """A controller whose calibration saw nodes of log p > -0.5 always accepted and below -3 never."""
+    prior = CostPrior(verify_seconds={1: 1.0, 64: 1.0}, draft_seconds={1: draft_seconds, 64: draft_seconds})
+    controller = BudgetController(ControllerSettings(), prior)
+    record = StepRecord(
+        node_log_p=(0.0, -0.05, -5.0, -5.0, -0.1, -6.0, -6.0, -0.2, -7.0, -7.0),
+        node_parent=(-1, 0, 0, 0, 1, 1, 1, 4, 4, 4),
+        accepted=(1, 4, 7), forward_widths=(1, 1, 1), prefix_after_forward=(4, 7, 10),
+        draft_seconds=(draft_seconds,) * 3, verify_seconds=1.0, other_seconds=0.0, budget=10, complete=False,
+    )
+    for _ in range(30):
+        controller.next_budget()
+        controller.observe(record)
+    return controller
+
+
+def test_keep_growing_says_grow_with_no_data():
+    assert BudgetController().keep_growing([0.0, -0.1, -9.0], [1, 2], [1], 64)
+
+
+def test_keep_growing_stops_when_the_next_layer_cannot_pay_for_itself():
+    controller = trained_controller(draft_seconds=0.3)
+    tree = [0.0, -0.05, -0.1, -5.0, -5.5]
+    assert not controller.keep_growing(tree, [3, 4], [1, 1], 32)  # unlikely frontier, dear forward
+    assert controller.keep_growing(tree, [2], [1, 1], 32)  # a confident spine: worth a forward
+    assert controller.summary()["early_stops"] == 1
+
+
+def test_keep_growing_grows_an_unlikely_frontier_when_forwards_are_free():
+    controller = trained_controller(draft_seconds=0.0)
+    tree = [0.0, -0.05, -0.1, -3.2, -3.5]
+    assert controller.keep_growing(tree, [3, 4], [1, 1], 32)
+
+
+def test_early_stop_can_be_switched_off():
+    controller = BudgetController(ControllerSettings(early_stop=False))
+    assert controller.keep_growing([0.0, -9.0], [1], [1], 64)
+
+
+# ---------------------------------------------------------------------------------------------- errors and reports
+@pytest.mark.parametrize("field_name, value", [
+    ("max_budget", 0), ("max_budget", 2.5), ("initial_budget", 65), ("initial_budget", 0),
+    ("allow_plain", "yes"), ("ladder", ()), ("ladder", (0, 4)), ("window", 0), ("half_life", 0.0),
+    ("min_steps", 0), ("min_steps", 40), ("probe_factor", 1.0), ("plain_probe_budget", 1), ("probe_steps", 0),
+    ("min_probe_interval", 0), ("max_probe_interval", 2), ("plain_refresh_interval", -1),
+    ("dominance_margin", 1.0), ("cost_samples", 0), ("calibration_edges", (0.0, -1.0, -0.5)),
+    ("calibration_edges", (-0.1, -1.0)), ("calibration_decay", 0.0), ("calibration_prior_strength", -1.0),
+    ("early_stop", 1),
+])
+def test_bad_settings_name_the_field(field_name, value):
+    with pytest.raises(TalonError, match=f"^{field_name}:"):
+        ControllerSettings(**{field_name: value})
+
+
+def test_plain_budget_without_plain_steps_is_refused():
+    with pytest.raises(TalonError, match="^initial_budget:"):
+        ControllerSettings(allow_plain=False, initial_budget=1)
+    with pytest.raises(TalonError, match="^verify_seconds:"):
+        CostPrior(verify_seconds={0: 1.0}, draft_seconds={})
+
+
+@pytest.mark.parametrize("change", [
+    {"node_parent": (-1, 0, 0)},  # 3 parents for 10 nodes
+    {"draft_seconds": (0.2, 0.3)},  # 2 timings for 3 forwards
+    {"prefix_after_forward": (4, 8)},
+    {"prefix_after_forward": (4, 8, 9)},  # the last forward must make the whole tree usable
+    {"accepted": (1, 6)},  # 6 is not a child of 1
+    {"budget": 12},  # a tree of 10 from budget 12 is complete
+    {"verify_seconds": -1.0},
+])
+def test_inconsistent_records_raise_value_error(change):
+    with pytest.raises(ValueError):
+        StepRecord(**{**talon_record().__dict__, **change})
+
+
+def test_summary_reports_the_histogram_of_chosen_budgets():
+    controller = BudgetController(ControllerSettings())
+    run = simulate(SLOPED, 80, controller)
+    summary = controller.summary()
+    assert summary["budget_histogram"] == {k: run.budgets.count(k) for k in sorted(set(run.budgets))}
+    assert summary["steps"] == 80
+    assert summary["mean_budget"] == pytest.approx(run.mean_budget(), abs=1e-3)
+    assert summary["plain_fraction"] == pytest.approx(run.budgets.count(1) / 80, abs=1e-4)
+    assert len(summary["calibration"]) == len(ControllerSettings().calibration_edges)
+    assert controller.cost_prior().verify_seconds == summary["costs"]["verify_seconds"]
+
+
+def test_per_step_overhead_stays_small():
+    """next_budget + observe on 64-node trees: well under a millisecond on a laptop; 5 ms guards
+    against an accidental quadratic on a loaded machine."""
+    world = FLAT
+    controller = BudgetController(ControllerSettings(early_stop=False))
+    records = [simulate_step(world, 0, i, 64, None, 1) for i in range(200)]
+    started = time.perf_counter()
+    for record in records:
+        controller.next_budget()
+        controller.observe(record)
+    assert (time.perf_counter() - started) / len(records) < 5e-3

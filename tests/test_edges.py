@@ -1,0 +1,251 @@
+"""Every model and every option either works exactly or is refused with a clear error.
+
+Sliding-window attention (exact against HF's own greedy), refused attention backends and layer types,
+tree-option overrides and contradictions, why a generation stopped (and the streamed text), a draft
+whose vocabulary is larger than the target's.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from transformers import Gemma2Config, Gemma2ForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from conftest import VOCAB, noisy_copy, plain_greedy, tiny_model
+from helpers import make_drafter, run
+from talon_sd import SpeculativeGenerator, TalonError, TreeConfig
+from talon_sd.errors import TalonWarning
+from talon_sd.lm import CausalLM, attention_layout
+from test_models import save_tiny_llama
+
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=512, bos_token_id=0, eos_token_id=1, pad_token_id=2)
+WINDOW = 5
+
+
+def sharpened(model, attention: str = "sdpa"):
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(6.0)
+    model.config._attn_implementation = attention
+    return model.eval().requires_grad_(False)
+
+
+def sliding_models():
+    torch.manual_seed(3)
+    qwen = Qwen2ForCausalLM(Qwen2Config(**COMMON, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1,
+                                        tie_word_embeddings=False))
+    torch.manual_seed(4)
+    mistral = MistralForCausalLM(MistralConfig(**COMMON, sliding_window=WINDOW, tie_word_embeddings=False))
+    torch.manual_seed(5)
+    gemma = Gemma2ForCausalLM(Gemma2Config(**COMMON, head_dim=16, sliding_window=WINDOW, query_pre_attn_scalar=16))
+    return {"qwen2-mixed": sharpened(qwen), "mistral-all-sliding": sharpened(mistral), "gemma2-mixed": sharpened(gemma, "eager")}  # Gemma 2's softcap: eager only
+
+
+@pytest.fixture(scope="module")
+def sliding():
+    return sliding_models()
+
+
+def test_layouts_of_sliding_window_models(sliding):
+    assert attention_layout(sliding["qwen2-mixed"]).layer_types == ("full_attention", "sliding_attention")
+    assert attention_layout(sliding["mistral-all-sliding"]).layer_types == ("sliding_attention",) * 2
+    assert attention_layout(sliding["gemma2-mixed"]).sliding_window == WINDOW
+
+
+@torch.no_grad()
+def hf_greedy(model, prompt, count):
+    """Hugging Face's own greedy decoding (its sliding-window cache and masks)."""
+    output = model.generate(torch.tensor([prompt]), max_new_tokens=count, min_new_tokens=count, do_sample=False,
+                            pad_token_id=2, eos_token_id=None)
+    return output[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("name", ["qwen2-mixed", "mistral-all-sliding", "gemma2-mixed"])
+@pytest.mark.parametrize("tree", [TreeConfig("talon", budget=12, topk=3), TreeConfig("eagle", budget=10, topk=3, depth=4),
+                                  TreeConfig("chain", depth=4), TreeConfig("ar")], ids=lambda t: t.method)
+def test_sliding_window_models_match_hf_greedy(sliding, name, tree):
+    """The prompt and output are several windows long, so a mask or cache that ignored the window differs."""
+    target = sliding[name]
+    prompt = [5, 17, 33, 8, 5, 17, 40, 41, 9, 3, 5, 17, 33]
+    expected = hf_greedy(target, prompt, 30)
+    assert expected == plain_greedy(target, prompt, 30)
+    draft = noisy_copy(target, 0.1, seed=9)
+    tokens, stats = run(target, make_drafter("model", draft, VOCAB), tree, prompt, 30)
+    assert tokens == expected
+    if tree.method != "ar":
+        assert stats.mat > 1.2  # trees were really accepted across the window boundary
+
+
+def test_windowless_mask_would_differ(sliding):
+    """Control: the same model with the window switched off gives other tokens, so the test above can fail."""
+    import copy
+
+    model = copy.deepcopy(sliding["mistral-all-sliding"])
+    model.config.sliding_window = None
+    prompt = [5, 17, 33, 8, 5, 17, 40, 41, 9, 3, 5, 17, 33]
+    assert plain_greedy(model, prompt, 30) != plain_greedy(sliding["mistral-all-sliding"], prompt, 30)
+
+
+def test_unsupported_attention_and_layers_are_refused():
+    model = tiny_model("llama", seed=0)
+    model.config._attn_implementation = "flash_attention_2"
+    with pytest.raises(TalonError, match=r"^target: attention implementation 'flash_attention_2' .*sdpa"):
+        CausalLM(model, role="target")
+    with pytest.raises(TalonError, match="draft: attention implementation 'flex_attention'"):
+        model.config._attn_implementation = "flex_attention"
+        SpeculativeGenerator.from_models(tiny_model("llama", seed=1), model, tree="talon", budget=4)
+    chunked = tiny_model("llama", seed=2)
+    chunked.config.layer_types = ["full_attention", "chunked_attention"]
+    chunked.config.attention_chunk_size = 8
+    with pytest.raises(TalonError, match="'chunked_attention' layers"):
+        SpeculativeGenerator.from_models(chunked, tree="ar")
+
+
+def test_load_model_refuses_flash_attention(tmp_path, monkeypatch):
+    from talon_sd.models import load_model
+
+    monkeypatch.setenv("TALON_SD_CACHE", str(tmp_path / "cache"))
+    folder = save_tiny_llama(tmp_path / "tiny")
+    with pytest.raises(TalonError, match="^attn_implementation: got 'flash_attention_2'"):
+        load_model(str(folder), attn_implementation="flash_attention_2")
+
+
+# ---------------------------------------------------------------------------------------------- options
+def test_overrides_keep_every_field_not_overridden(llama_pair):
+    target, draft = llama_pair
+    generator = SpeculativeGenerator.from_models(target, draft, tree=TreeConfig("eagle", budget=32, topk=8, depth=6),
+                                                 budget=40)
+    assert (generator.tree_config.budget, generator.tree_config.topk, generator.tree_config.depth) == (40, 8, 6)
+    talon = TreeConfig("talon", budget=20, topk=7, mu=0.1).with_options(budget=12)
+    assert (talon.budget, talon.topk, talon.mu) == (12, 7, 0.1)
+    chain = TreeConfig("chain", depth=3).with_options(budget=8)
+    assert (chain.budget, chain.depth) == (8, 7)
+
+
+@pytest.mark.parametrize("options,field", [
+    (dict(method="talon", depth=5), "depth"),
+    (dict(method="eagle", mu=0.1), "mu"),
+    (dict(method="chain", budget=8, depth=3), "budget"),
+    (dict(method="chain", topk=3), "topk"),
+    (dict(method="static", topk=2), "topk"),
+    (dict(method="ar", budget=8), "budget"),
+    (dict(method="static", budget="auto"), "budget"),
+    (dict(method="chain", budget="auto", depth=3), "depth"),
+])
+def test_contradictory_or_ignored_options_are_refused(options, field):
+    with pytest.raises(TalonError, match=f"^{field}:"):
+        TreeConfig(**options)
+
+
+def test_chain_budget_sets_its_depth():
+    assert TreeConfig("chain", budget=6).depth == 5
+    assert TreeConfig("chain", depth=2).budget == 3
+
+
+def test_api_defaults_to_the_online_budget(llama_pair):
+    target, draft = llama_pair
+    for method in ("talon", "eagle", "chain"):
+        assert SpeculativeGenerator.from_models(target, draft, tree=method).tree_config.auto
+    assert not SpeculativeGenerator.from_models(target, draft, tree="talon", budget=8).tree_config.auto
+    assert not SpeculativeGenerator.from_models(target, draft, tree="chain", depth=2).tree_config.auto
+
+
+# ---------------------------------------------------------------------------------------------- stopping
+WORDS = " ".join(f"w{i}" for i in range(3, 12))
+
+
+@pytest.fixture(scope="module")
+def word_generator(tmp_path_factory):
+    from talon_sd.models import load_model
+
+    folder = tmp_path_factory.mktemp("tiny")
+    target = load_model(str(save_tiny_llama(folder / "target", seed=0)), dtype="float32", device="cpu")
+    draft = load_model(str(save_tiny_llama(folder / "draft", seed=1)), dtype="float32", device="cpu")
+    return SpeculativeGenerator.from_models(target.model, draft.model, target.tokenizer, draft_tokenizer=draft.tokenizer,
+                                            tree="talon", budget=6, chat_template=False)
+
+
+def streamed_and_result(generator, **options):
+    stream = generator.stream(WORDS, **options)
+    text = "".join(stream)
+    return text, stream.result
+
+
+def test_finish_reason_for_each_stop_condition(word_generator):
+    free, result = streamed_and_result(word_generator, max_new_tokens=30, ignore_eos=True)
+    assert (result.finish_reason, result.stop_reason, len(result.token_ids)) == ("length", "max_new_tokens", 30)
+    assert free == result.text
+    words = free.split()
+    # a stop string made of a word in the middle (string form) and a list with a later one
+    for stop in (words[5], [words[9], "never-there"]):
+        text, stopped = streamed_and_result(word_generator, max_new_tokens=30, ignore_eos=True, stop=stop)
+        first = stop if isinstance(stop, str) else stop[0]
+        assert (stopped.finish_reason, stopped.stop_reason, stopped.stop_string) == ("stop", "stop_string", first)
+        assert text == stopped.text == free[: free.index(first)]  # the stop string is not part of the text
+    # EOS: make a token the model emits a few tokens in (and not before) the end-of-sequence id
+    at = next(i for i in range(2, 30) if result.token_ids[i] not in result.token_ids[:i])
+    eos_id = result.token_ids[at]
+    generator = SpeculativeGenerator.from_models(word_generator.target_model, word_generator.draft_model,
+                                                 word_generator.tokenizer, tree="talon", budget=6, chat_template=False)
+    generator.eos_token_ids = frozenset({eos_id})
+    text, ended = streamed_and_result(generator, max_new_tokens=30)
+    assert (ended.finish_reason, ended.stop_reason, ended.token_ids) == ("stop", "eos", result.token_ids[: at + 1])
+    assert text == ended.text
+    _, ignored = streamed_and_result(generator, max_new_tokens=30, ignore_eos=True)
+    assert (ignored.finish_reason, len(ignored.token_ids)) == ("length", 30)
+
+
+def test_a_stream_never_yields_text_a_stop_string_cuts(word_generator):
+    free, _ = streamed_and_result(word_generator, max_new_tokens=20, ignore_eos=True)
+    words = free.split()
+    stop = f"{words[4]} {words[5]} {words[6]}"  # spans several tokens: its first words must be held back
+    chunks = list(word_generator.stream(WORDS, max_new_tokens=20, ignore_eos=True, stop=stop))
+    assert "".join(chunks) == free[: free.index(stop)]
+    assert all(words[4] not in chunk for chunk in chunks[-2:]) or free.index(stop) > free.index(words[4])
+
+
+def test_context_limit_lowers_max_new_tokens_with_a_warning(word_generator):
+    with pytest.warns(TalonWarning, match="max_new_tokens: lowered from 1000"):
+        result = word_generator.generate(WORDS, max_new_tokens=1000, ignore_eos=True)
+    assert result.finish_reason == "length" and result.stop_reason == "context"
+    assert len(result.token_ids) < 1000
+
+
+def test_short_draft_context_is_checked(llama_pair):
+    target, draft = llama_pair
+    import copy
+
+    short = copy.deepcopy(draft)
+    short.config.max_position_embeddings = 40
+    generator = SpeculativeGenerator.from_models(target, short, tree="talon", budget=8)
+    with pytest.raises(TalonError, match="draft's context is 40"):
+        generator.generate(input_ids=list(range(3, 40)), max_new_tokens=5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = generator.generate(input_ids=[5, 6, 7], max_new_tokens=100, ignore_eos=True)
+    assert any("draft's context of 40" in str(w.message) for w in caught)
+    assert len(result.token_ids) <= 40 - 3 - 8
+
+
+# ---------------------------------------------------------------------------------------------- vocabulary
+def test_a_draft_with_a_larger_vocabulary_never_puts_an_unknown_id_in_a_tree():
+    target = tiny_model("llama", seed=0)
+    torch.manual_seed(1)
+    big = tiny_model("llama", seed=1, vocab=VOCAB + 32)
+    with torch.no_grad():  # make the extra ids the draft's favourites
+        big.lm_head.weight[VOCAB:] = big.lm_head.weight[:32] * 3
+    generator = SpeculativeGenerator.from_models(target, big, tree="talon", budget=10)
+    prompt = [5, 17, 33, 8, 5, 17]
+    result = generator.generate(input_ids=prompt, max_new_tokens=20, ignore_eos=True)
+    assert result.token_ids == plain_greedy(target, prompt, 20)
+
+
+def test_from_models_compares_tokenizers_when_both_are_given(tmp_path):
+    from talon_sd.models import load_model
+
+    a = load_model(str(save_tiny_llama(tmp_path / "a", vocab=64)), dtype="float32", device="cpu")
+    b = load_model(str(save_tiny_llama(tmp_path / "b", vocab=48)), dtype="float32", device="cpu")
+    with pytest.raises(TalonError, match="^draft: vocabulary differs"):
+        SpeculativeGenerator.from_models(a.model, b.model, a.tokenizer, draft_tokenizer=b.tokenizer)
