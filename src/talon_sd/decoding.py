@@ -91,9 +91,10 @@ def decode(pipeline: Pipeline, prompt_ids: torch.Tensor, stop: StopCondition, st
     clock = _DraftClock(drafter)
     stats.prompt_tokens = int(prompt_ids.numel())
     stats.started = started = time.perf_counter()
-    target.prefill(prompt_ids[:-1])
+    capture = drafter.feature_layers if drafter is not None else ()  # target states the drafter reads
+    features = target.prefill(prompt_ids[:-1], capture)
     if drafter is not None:
-        drafter.start(prompt_ids)
+        drafter.start(prompt_ids, features)
     stats.seconds_prefill += time.perf_counter() - started
     root = int(prompt_ids[-1])
     try:
@@ -107,12 +108,13 @@ def decode(pipeline: Pipeline, prompt_ids: torch.Tensor, stop: StopCondition, st
             forwards = clock.take()
             # 3. verify: one target forward over the whole tree, then the acceptance rule
             started = time.perf_counter()
-            acceptance = accept(tree, target.forward_tree(tree), sampling, generator)
+            logits, features = _verify_forward(target, tree, capture)
+            acceptance = accept(tree, logits, sampling, generator)
             verify_seconds = time.perf_counter() - started
             # 4. commit: keep the root and the accepted path in both caches (one gather each)
             target.commit_tree(tree.size, acceptance.path)
             if drafter is not None:
-                drafter.accept(tree, acceptance)
+                drafter.accept(tree, acceptance, None if features is None else features[acceptance.path])
             # 5. stats, and what the controller learns from this step
             step_seconds = time.perf_counter() - step_started
             stats.observe(tree, acceptance, forwards.count, plan.budget if plan else tree.size)
@@ -128,6 +130,13 @@ def decode(pipeline: Pipeline, prompt_ids: torch.Tensor, stop: StopCondition, st
             root = acceptance.bonus_token
     finally:
         stats.finish(len(stop.tokens))
+
+
+def _verify_forward(target: CausalLM, tree: DraftTree, capture: tuple[int, ...]):
+    """(logits [N, V], features [N, H'] or None) of one target forward over the tree."""
+    if capture:
+        return target.forward_tree(tree, capture)
+    return target.forward_tree(tree), None
 
 
 @dataclass

@@ -33,7 +33,7 @@ import torch
 from .builders import make_builder
 from .config import AUTO, AUTO_METHODS, GenerationConfig, SamplingConfig, TreeConfig
 from .decoding import Pipeline, StopCondition, decode
-from .drafters import DRAFTERS, ModelDrafter, NgramDrafter
+from .drafters import DRAFTERS, Eagle3Drafter, ModelDrafter, NgramDrafter
 from .errors import TalonError, TalonWarning, bad_argument
 from .lm import CausalLM
 from .stats import DecodeStats
@@ -84,7 +84,8 @@ class SpeculativeGenerator:
                    ``budget``, ``topk``, ``mu``, ``depth`` override its fields. With a method name
                    and no budget, talon/eagle/chain take ``budget="auto"``: the online controller
                    picks each step's budget for this machine and prompt (:mod:`talon_sd.control`)
-    drafter        ``model`` (the draft LM) or ``ngram`` (prompt lookup, no draft model needed)
+    drafter        ``model`` (the draft LM), ``ngram`` (prompt lookup, no draft model needed) or ``eagle3``
+                   (``draft`` names an EAGLE-3 head folder: SafeAILab/SpecForge/vLLM format, or ours)
     dtype, device  ``auto`` picks bfloat16 where the hardware has it, CUDA when present
     chat_template  wrap string prompts in the tokenizer's chat template (instruct models)
     initial_budget the controller's first budget (e.g. from a ``talon tune`` profile)
@@ -110,6 +111,15 @@ class SpeculativeGenerator:
         _check_drafter(drafter)
         loaded_target = models.load_model(target or models.DEFAULT_TARGET, role="target", dtype=dtype, device=device)
         loaded_draft = None
+        if drafter == "eagle3" and tree_config.method != "ar":
+            from .eagle3 import load_eagle3_head
+
+            if not draft:
+                raise TalonError("draft: drafter 'eagle3' needs --draft / draft= naming an EAGLE-3 head folder")
+            head = load_eagle3_head(draft, loaded_target.model)
+            self._setup(loaded_target.model, head, loaded_target.tokenizer, tree_config, drafter, chat_template)
+            self._controller_start(initial_budget, cost_prior)
+            return
         if drafter == "model" and tree_config.method != "ar":
             loaded_draft = models.load_model(
                 draft or models.DEFAULT_DRAFT, role="draft", dtype=dtype, device=device, with_tokenizer=True
@@ -134,7 +144,8 @@ class SpeculativeGenerator:
         cost_prior: "CostPrior | None" = None,
         **tree_options,
     ) -> "SpeculativeGenerator":
-        """Wrap Hugging Face models already in memory.
+        """Wrap Hugging Face models already in memory (``drafter="eagle3"``: ``draft_model`` is an
+        :class:`~talon_sd.eagle3.Eagle3Head` for this target).
 
         The draft must mean the same token ids as the target: when both ``tokenizer`` and
         ``draft_tokenizer`` are given their vocabularies must be equal; either way the draft's
@@ -156,6 +167,14 @@ class SpeculativeGenerator:
         self.tree_config, self.drafter_name, self.chat_template = tree_config, drafter, chat_template
         # Models that do not fit tree verification are refused here, before any generation.
         self.target = CausalLM(target_model, role="target")  # limits and layout; each call makes its own cache
+        self.head = draft_model if drafter == "eagle3" else None  # an EAGLE-3 head over the target's states
+        if drafter == "eagle3" and draft_model is not None:
+            from .eagle3 import Eagle3Head
+
+            if not isinstance(draft_model, Eagle3Head):
+                raise bad_argument("draft_model", type(draft_model).__name__, "an Eagle3Head with drafter='eagle3'")
+            draft_model = None
+        self.draft_model = draft_model
         self.draft = CausalLM(draft_model, role="draft") if draft_model is not None else None
         eos = set()
         for source in (getattr(tokenizer, "eos_token_id", None), getattr(target_model.generation_config, "eos_token_id", None)):
@@ -338,6 +357,10 @@ class SpeculativeGenerator:
             return None
         if self.drafter_name == "ngram":
             return NgramDrafter(self.target.vocab_size)
+        if self.drafter_name == "eagle3":
+            if self.head is None:
+                raise TalonError(f"draft: tree method {tree_config.method!r} with drafter 'eagle3' needs an EAGLE-3 head")
+            return Eagle3Drafter(self.head)
         if self.draft_model is None:
             raise TalonError(f"draft: tree method {tree_config.method!r} needs a draft model (or drafter='ngram')")
         return ModelDrafter(CausalLM(self.draft_model, role="draft"), target_vocab_size=self.target.vocab_size)

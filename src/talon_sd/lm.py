@@ -141,6 +141,8 @@ class CausalLM:
         self.device = embeddings.weight.device
         self.dtype = embeddings.weight.dtype
         self.max_positions = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
+        self.hidden_size = int(model.config.get_text_config(decoder=True).hidden_size)
+        self.num_layers = int(model.config.get_text_config(decoder=True).num_hidden_layers)
 
     def reset(self) -> None:
         self.cache.reset()
@@ -152,8 +154,11 @@ class CausalLM:
         positions: torch.Tensor | None = None,  # [T] absolute positions; default: continue the cache
         visible: torch.Tensor | None = None,  # [T, past + T] bool; default: causal
         last_only: bool = False,
-    ) -> torch.Tensor:
-        """Append ``tokens`` to the cache and return float32 logits ``[T, V]`` (``[1, V]`` if last_only)."""
+        capture: tuple[int, ...] = (),
+    ):
+        """Append ``tokens`` to the cache and return float32 logits ``[T, V]`` (``[1, V]`` if last_only);
+        with ``capture`` (layer indices), ``(logits, features [T, H * len(capture)])``: the residual stream
+        entering each of those layers (HF ``hidden_states[i]``), from this same forward."""
         past = self.cache.length
         count = int(tokens.shape[0])
         if positions is None:
@@ -167,6 +172,7 @@ class CausalLM:
             position_ids=positions[None],
             past_key_values=self.cache.cache,
             use_cache=True,
+            output_hidden_states=bool(capture),
             **kwargs,
         )
         self.cache.positions = torch.cat([self.cache.positions, positions.to(self.cache.positions.device)])
@@ -175,6 +181,8 @@ class CausalLM:
         logits = logits.float()  # [T or 1, V]
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+        if capture:
+            return logits, _features(output.hidden_states, capture)
         return logits
 
     def _tree_mask(self, visible: torch.Tensor, positions: torch.Tensor):
@@ -196,25 +204,34 @@ class CausalLM:
         return bias[None, None]  # [1, 1, T, past + T]
 
     @torch.inference_mode()
-    def prefill(self, tokens: torch.Tensor) -> None:
+    def prefill(self, tokens: torch.Tensor, capture: tuple[int, ...] = ()) -> torch.Tensor | None:
         """Reset the cache and fill it with ``tokens`` [L]. No logits are needed, so only the decoder
-        stack runs (the output head over a long prompt would cost L x vocab for nothing)."""
+        stack runs (the output head over a long prompt would cost L x vocab for nothing). With
+        ``capture``, returns the features ``[L, H * len(capture)]`` (see :meth:`forward`)."""
         self.reset()
         if not tokens.numel():
-            return
+            return torch.zeros(0, self.hidden_size * len(capture), device=self.device) if capture else None
         decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else None
         if decoder is None:
-            self.forward(tokens, last_only=True)
-            return
-        decoder(input_ids=tokens.to(self.device)[None], past_key_values=self.cache.cache, use_cache=True)
+            output = self.forward(tokens, last_only=True, capture=capture)
+            return output[1] if capture else None
+        output = decoder(input_ids=tokens.to(self.device)[None], past_key_values=self.cache.cache, use_cache=True,
+                         output_hidden_states=bool(capture))
         self.cache.positions = torch.arange(int(tokens.numel()))
+        return _features(output.hidden_states, capture) if capture else None
 
-    def forward_tree(self, tree) -> torch.Tensor:
-        """Verify a :class:`DraftTree` whose root follows the cache: logits ``[N, V]``, one per node."""
+    def forward_tree(self, tree, capture: tuple[int, ...] = ()):
+        """Verify a :class:`DraftTree` whose root follows the cache: logits ``[N, V]``, one per node
+        (and with ``capture``, the nodes' features ``[N, H * len(capture)]``)."""
         past = self.cache.length
-        return self.forward(tree.tokens, past + tree.positions, tree.visibility(past))
+        return self.forward(tree.tokens, past + tree.positions, tree.visibility(past), capture=capture)
 
     def commit_tree(self, tree_size: int, path: list[int]) -> None:
         """After verifying a tree of ``tree_size`` nodes (the last rows of the cache), keep only the
         rows of the accepted ``path`` (node indices, root first): one gather per tensor."""
         self.cache.keep(self.cache.length - tree_size, torch.tensor(path, dtype=torch.long))
+
+
+def _features(hidden_states: tuple[torch.Tensor, ...], layers: tuple[int, ...]) -> torch.Tensor:
+    """[T, H * len(layers)]: ``hidden_states[i]`` ([1, T, H], the input of layer i) concatenated, low to high."""
+    return torch.cat([hidden_states[layer][0] for layer in layers], dim=-1)

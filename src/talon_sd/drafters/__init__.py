@@ -21,15 +21,17 @@ return those states, and the loop hands over the rows of the committed tokens on
 the prompt except its last token ``[L - 1, H * len(layers)]``, for ``accept`` the accepted path,
 root first ``[len(path), H * len(layers)]``. Drafters with no ``feature_layers`` get ``None``.
 
-Registered in :data:`DRAFTERS`: ``model`` (an independent draft LM) and ``ngram`` (prompt lookup).
+Registered in :data:`DRAFTERS`: ``model`` (an independent draft LM), ``ngram`` (prompt lookup) and
+``eagle3`` (an EAGLE-3 head over the target's hidden states).
 """
 
 from __future__ import annotations
 
 from .base import Drafter
+from .eagle3 import Eagle3Drafter
 from .model import ModelDrafter
 from .ngram import NgramDrafter
 
-DRAFTERS: dict[str, type[Drafter]] = {drafter.name: drafter for drafter in (ModelDrafter, NgramDrafter)}
+DRAFTERS: dict[str, type[Drafter]] = {drafter.name: drafter for drafter in (ModelDrafter, NgramDrafter, Eagle3Drafter)}
 
-__all__ = ["DRAFTERS", "Drafter", "ModelDrafter", "NgramDrafter"]
+__all__ = ["DRAFTERS", "Drafter", "Eagle3Drafter", "ModelDrafter", "NgramDrafter"]
