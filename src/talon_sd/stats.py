@@ -109,8 +109,11 @@ class DecodeStats:
 
     def summary(self) -> str:
         """One line for terminals."""
+        budget = ""
+        if self.budgets and len(set(self.budgets)) > 1:  # the online controller varied N
+            budget = f"N {sum(self.budgets) / len(self.budgets):.1f} (plain steps {self.budgets.count(1)}) | "
         return (
             f"[{self.method}] {self.new_tokens} tokens in {self.seconds_total:.2f}s "
-            f"({self.tokens_per_second:.2f} tok/s) | MAT {self.mat:.2f} | delta {self.delta:.2f} | "
+            f"({self.tokens_per_second:.2f} tok/s) | MAT {self.mat:.2f} | delta {self.delta:.2f} | {budget}"
             f"draft {self.seconds_draft:.2f}s build {self.seconds_build:.2f}s verify {self.seconds_verify:.2f}s"
         )
