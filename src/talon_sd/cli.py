@@ -19,8 +19,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default=None, help="target model: built-in name, folder, .gguf file or hub id "
                         "(default: qwen2.5-coder-1.5b-instruct)")
     parser.add_argument("--draft", default=None, help="draft model sharing the target's vocabulary "
-                        "(default: qwen2.5-coder-0.5b-instruct)")
-    parser.add_argument("--drafter", default="model", help="model (the draft LM) or ngram (prompt lookup)")
+                        "(default: qwen2.5-coder-0.5b-instruct), or with --drafter eagle3 an EAGLE-3 head folder")
+    parser.add_argument("--drafter", default="model",
+                        help="model (the draft LM), ngram (prompt lookup) or eagle3 (an EAGLE-3 head, --draft DIR)")
     parser.add_argument("--dtype", default="auto", help="auto, float32 or bfloat16")
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if present)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
@@ -55,7 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .bench.cli import register as register_bench
 
     register_bench(commands)
+    from .serve.cli import register as register_serve
 
+    register_serve(commands)
     return parser
 
 
