@@ -207,3 +207,28 @@ def test_warp_follows_hf_top_k_and_top_p():
         if top_p < 1:
             scores = TopPLogitsWarper(top_p)(None, scores)
         torch.testing.assert_close(ours, scores.softmax(-1))
+
+
+def test_residuals_are_normalised_in_float64_over_a_large_vocabulary():
+    """With 151936 tokens a float32 sum drifts by ~1e-5; the rule must hand out float64 probabilities
+    that sum to 1 (the recovered-token draw) and acceptance ratios computed in float64."""
+    vocab = 151936
+    logits = torch.randn(2, vocab, generator=torch.Generator().manual_seed(0)) * 4
+    tree = DraftTree.root(0).extend(torch.tensor([0]), torch.tensor([int(logits[0].argmax())]), torch.tensor([-0.1]))
+    seen = {}
+
+    class Recording(EnumeratedDraws):
+        def bernoulli(self, probability):
+            seen["bernoulli"] = probability
+            return False  # reject the child: the recovered token comes from the residual
+
+        def categorical(self, probabilities):
+            seen["categorical"] = probabilities
+            return 7
+
+    accept_sampling(tree, logits, T1, Recording([]))
+    p_target = torch.softmax(logits[0].double(), -1)
+    x = int(tree.tokens[1])
+    assert seen["categorical"].dtype == torch.float64
+    assert abs(float(seen["categorical"].sum()) - 1.0) < 1e-12 and float(seen["categorical"][x]) == 0.0
+    assert abs(seen["bernoulli"] - float(p_target[x])) < 1e-6

@@ -1,0 +1,85 @@
+"""Small-M matmul paths on this CPU: what a verify of a few tokens costs against one token.
+
+One linear of the packaged target's MLP ([M, 1536] x [1536, 8960]) timed for M = 1, 2, 4, 8, 16 through
+the paths torch offers on a CPU without extra packages:
+
+* ``fp32``           nn.Linear in float32 (MKL / oneDNN sgemm, as torch dispatches it)
+* ``bf16``           nn.Linear with bfloat16 weights and inputs
+* ``fp32-mkldnn``    the weight packed for oneDNN (torch.utils.mkldnn.to_mkldnn)
+* ``int8-dynamic``   torch.ao dynamic quantization (int8 weights, fbgemm / onednn kernels)
+
+Prints a table of median milliseconds and the ratio to M = 1, plus the machine, and (``--identity``)
+how far each path's output is from float32 (the effect on output identity: anything but fp32 changes the
+logits, so greedy output may differ from float32 plain decoding at near-ties).
+
+    python scripts/matmul_paths.py [--threads 2] [--repeats 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+
+def timed(function, repeats: int) -> float:
+    for _ in range(3):
+        function()
+    samples = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        function()
+        samples.append(time.perf_counter() - started)
+    return statistics.median(samples) * 1000
+
+
+def paths(linear: torch.nn.Linear) -> dict:
+    made = {"fp32": (linear, torch.float32), "bf16": (torch.nn.Linear(1536, 8960, bias=False).to(torch.bfloat16), torch.bfloat16)}
+    made["bf16"][0].weight.data.copy_(linear.weight.data.to(torch.bfloat16))
+    try:
+        from torch.utils import mkldnn
+
+        made["fp32-mkldnn"] = (mkldnn.to_mkldnn(torch.nn.Sequential(linear)), torch.float32)
+    except Exception as error:  # builds without oneDNN
+        print(f"fp32-mkldnn unavailable: {error}")
+    try:
+        quantized = torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(linear), {torch.nn.Linear}, dtype=torch.qint8)
+        made["int8-dynamic"] = (quantized, torch.float32)
+    except Exception as error:
+        print(f"int8-dynamic unavailable: {error}")
+    return made
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--sizes", default="1,2,4,8,16")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    from talon_sd.bench.machine import cpu_model
+
+    flags = open("/proc/cpuinfo").read()
+    kind = "AVX512-BF16" if "avx512_bf16" in flags else ("AVX512" if "avx512f" in flags else "AVX2")
+    print(f"machine: {cpu_model()} ({kind}), torch {torch.__version__}, {args.threads} threads")
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(1536, 8960, bias=False)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    reference = {m: linear(torch.randn(m, 1536, generator=torch.Generator().manual_seed(m))) for m in sizes}
+    print(f"{'path':<14}" + "".join(f"{'M=' + str(m):>10}" for m in sizes) + "   ratio M=2/M=1   max |y - y_fp32| / max |y|")
+    with torch.inference_mode():
+        for name, (module, dtype) in paths(linear).items():
+            times, error = [], 0.0
+            for m in sizes:
+                x = torch.randn(m, 1536, generator=torch.Generator().manual_seed(m)).to(dtype)
+                times.append(timed(lambda: module(x), args.repeats))
+                y = module(x).float()
+                error = max(error, float((y - reference[m]).abs().max() / reference[m].abs().max()))
+            ratio = times[1] / times[0] if len(times) > 1 else float("nan")
+            print(f"{name:<14}" + "".join(f"{t:>10.2f}" for t in times) + f"   {ratio:>13.2f}   {error:.2e}")
+
+
+if __name__ == "__main__":
+    main()
