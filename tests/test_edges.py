@@ -249,3 +249,34 @@ def test_from_models_compares_tokenizers_when_both_are_given(tmp_path):
     b = load_model(str(save_tiny_llama(tmp_path / "b", vocab=48)), dtype="float32", device="cpu")
     with pytest.raises(TalonError, match="^draft: vocabulary differs"):
         SpeculativeGenerator.from_models(a.model, b.model, a.tokenizer, draft_tokenizer=b.tokenizer)
+
+
+def test_onednn_packed_float32_models_decode_exactly(tmp_path, monkeypatch):
+    """cpu_kernels='auto' packs float32 linears for oneDNN: same greedy tokens as the unpacked model, and
+    speculative output still equal to plain greedy of the packed target."""
+    import copy
+
+    from talon_sd.lm import pack_linears_for_cpu
+
+    monkeypatch.setenv("TALON_SD_CACHE", str(tmp_path / "cache"))
+    target, draft = tiny_model("qwen2", seed=5), tiny_model("qwen2", seed=6)
+    packed_target, packed_draft = copy.deepcopy(target), copy.deepcopy(draft)
+    assert pack_linears_for_cpu(packed_target) == 2 * 7 + 1 and pack_linears_for_cpu(packed_draft) == 15
+    prompt = [5, 17, 33, 8, 5, 17]
+    with torch.no_grad():
+        torch.testing.assert_close(packed_target(torch.tensor([prompt])).logits, target(torch.tensor([prompt])).logits,
+                                   atol=1e-4, rtol=1e-4)
+    expected = plain_greedy(packed_target, prompt, 30)
+    assert expected == plain_greedy(target, prompt, 30)
+    tokens, _ = run(packed_target, make_drafter("model", packed_draft, VOCAB), TreeConfig("talon", budget=8, topk=3), prompt, 30)
+    assert tokens == expected
+    folder = save_tiny_llama(tmp_path / "tiny")
+    generator = SpeculativeGenerator(str(folder), str(folder), dtype="float32", device="cpu", tree="talon", budget=6)
+    assert any(type(m).__name__ == "MkldnnLinear" for m in generator.target_model.modules())
+    plain = SpeculativeGenerator(str(folder), str(folder), dtype="float32", device="cpu", tree="talon", budget=6,
+                                 cpu_kernels="default")
+    assert not any(type(m).__name__ == "MkldnnLinear" for m in plain.target_model.modules())
+    ids = [3, 4, 5, 3, 4]
+    assert generator.generate(input_ids=ids, max_new_tokens=12).token_ids == plain.generate(input_ids=ids, max_new_tokens=12).token_ids
+    with pytest.raises(TalonError, match="^cpu_kernels: got 'fast'"):
+        SpeculativeGenerator(str(folder), str(folder), dtype="float32", device="cpu", cpu_kernels="fast")

@@ -25,6 +25,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto", help="auto, float32 or bfloat16")
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if present)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--cpu-kernels", default="auto", choices=("auto", "default"),
+                        help="auto: float32 linears packed for oneDNN on CPU (2x faster small forwards here); "
+                             "default: torch's own")
 
 
 def add_tree_arguments(parser: argparse.ArgumentParser) -> None:
@@ -149,6 +152,7 @@ def make_generator(args: argparse.Namespace):
     return SpeculativeGenerator(
         args.target, args.draft, tree=tree, drafter=args.drafter, dtype=args.dtype,
         device=args.device, chat_template=not getattr(args, "no_chat_template", False), **controller_start(args, tree),
+        cpu_kernels=getattr(args, "cpu_kernels", "auto"),
     )
 
 

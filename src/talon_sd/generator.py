@@ -35,7 +35,7 @@ from .config import AUTO, AUTO_METHODS, GenerationConfig, SamplingConfig, TreeCo
 from .decoding import Pipeline, StopCondition, decode
 from .drafters import DRAFTERS, Eagle3Drafter, ModelDrafter, NgramDrafter
 from .errors import TalonError, TalonWarning, bad_argument
-from .lm import CausalLM
+from .lm import CausalLM, pack_linears_for_cpu
 from .stats import DecodeStats
 
 if TYPE_CHECKING:
@@ -89,6 +89,8 @@ class SpeculativeGenerator:
     dtype, device  ``auto`` picks bfloat16 where the hardware has it, CUDA when present
     chat_template  wrap string prompts in the tokenizer's chat template (instruct models)
     initial_budget the controller's first budget (e.g. from a ``talon tune`` profile)
+    cpu_kernels    ``auto`` packs float32 linears for oneDNN on CPU (about 2x faster forwards of a few
+                   tokens there, see :func:`talon_sd.lm.pack_linears_for_cpu`); ``default`` leaves torch's
     """
 
     def __init__(
@@ -103,13 +105,18 @@ class SpeculativeGenerator:
         chat_template: bool = True,
         initial_budget: int | None = None,
         cost_prior: "CostPrior | None" = None,
+        cpu_kernels: str = "auto",
         **tree_options,
     ) -> None:
         from . import models
 
         tree_config = _tree_config(tree, tree_options)
         _check_drafter(drafter)
+        if cpu_kernels not in ("auto", "default"):
+            raise bad_argument("cpu_kernels", cpu_kernels, "'auto' (oneDNN-packed float32 linears on CPU) or 'default'")
         loaded_target = models.load_model(target or models.DEFAULT_TARGET, role="target", dtype=dtype, device=device)
+        if cpu_kernels == "auto":
+            pack_linears_for_cpu(loaded_target.model)
         loaded_draft = None
         if drafter == "eagle3" and tree_config.method != "ar":
             from .eagle3 import load_eagle3_head
@@ -125,6 +132,8 @@ class SpeculativeGenerator:
                 draft or models.DEFAULT_DRAFT, role="draft", dtype=dtype, device=device, with_tokenizer=True
             )
             models.check_same_vocab(loaded_target, loaded_draft)
+            if cpu_kernels == "auto":
+                pack_linears_for_cpu(loaded_draft.model)
         self._setup(loaded_target.model, loaded_draft.model if loaded_draft else None, loaded_target.tokenizer,
                     tree_config, drafter, chat_template)
         self._controller_start(initial_budget, cost_prior)

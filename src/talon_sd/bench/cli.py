@@ -236,7 +236,8 @@ def _load_generator(args: argparse.Namespace):
     start = controller_start(args, TreeConfig("talon", budget="auto"))  # this machine's costs, if tuned
     start.pop("initial_budget", None)  # each variant's own start: its method default
     return SpeculativeGenerator(args.target, args.draft, tree="talon", drafter=args.drafter, dtype=args.dtype,
-                                device=args.device, chat_template=not args.no_chat_template, **start)
+                                device=args.device, chat_template=not args.no_chat_template,
+                                cpu_kernels=args.cpu_kernels, **start)
 
 
 def _open_checkpoint(args: argparse.Namespace, kind: str, prompts, variants, decoding: Decoding):

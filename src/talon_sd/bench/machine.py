@@ -115,8 +115,8 @@ def model_settings(generator) -> dict:
         "device": str(generator.target.device),
         "attn_implementation": getattr(target.config, "_attn_implementation", None),
         "threads": torch.get_num_threads(),
-        "target_parameters": sum(p.numel() for p in target.parameters()),
-        "draft_parameters": sum(p.numel() for p in generator.draft_model.parameters())
+        "target_parameters": _weights(target),
+        "draft_parameters": _weights(generator.draft_model)
         if generator.draft_model is not None else None,
     }
 
@@ -124,3 +124,9 @@ def model_settings(generator) -> dict:
 def machine_key(device: torch.device | str, threads: int | None = None) -> dict:
     """What makes timings comparable: CPU model, thread count, device."""
     return {"cpu": cpu_model(), "threads": threads or torch.get_num_threads(), "device": device_name(device)}
+
+
+def _weights(model) -> int:
+    """Parameters, plus the weights oneDNN-packed linears keep as buffers."""
+    return sum(p.numel() for p in model.parameters()) + sum(
+        b.numel() for name, b in model.named_buffers() if name.endswith("weight") and b.is_mkldnn)
