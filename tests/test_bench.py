@@ -165,6 +165,54 @@ def test_sweep_cli_plots_speedup_against_budget(use_generator, tmp_path):
     assert "](plots/sweep.png)" in (out / "report.md").read_text()
 
 
+def test_sweep_with_auto_runs_the_controller_beside_fixed_budgets(use_generator, tmp_path):
+    out = tmp_path / "sweep-auto"
+    status = main(["sweep", "--datasets", "gsm8k,qa", "--limit", "1", "--max-new-tokens", "24", "--budgets", "auto,4",
+                   "--methods", "talon,chain", "--threads", "1", "--no-progress", "--out", str(out)])
+    assert status == 0
+    results = json.loads((out / "results.json").read_text())
+    labels = [v["label"] for v in results["variants"]]
+    assert labels == ["ar", "talon(N=auto,K=4,mu=0.03)", "talon(N=4,K=4,mu=0.03)", "chain(k=auto)", "chain(k=3)"]
+    auto = [s for s in results["samples"] if s["label"] == "talon(N=auto,K=4,mu=0.03)"]
+    assert all(s["identical_to_ar"] for s in results["samples"] if s["label"] != "ar")
+    assert all(sum(s["stats"]["budget_hist"].values()) == s["stats"]["target_forwards"] for s in auto)
+    assert (out / "plots" / "sweep.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_bench_budget_auto_gives_tree_methods_the_controller(use_generator, tmp_path):
+    out = tmp_path / "bench-auto"
+    assert main(["bench", "--datasets", "qa", "--limit", "1", "--max-new-tokens", "12", "--budget", "auto",
+                 "--methods", "talon,eagle,chain,static", "--threads", "1", "--no-progress", "--no-plots",
+                 "--out", str(out), "--static-budget", "6"]) == 0
+    trees = {v["label"]: v["tree"] for v in json.loads((out / "results.json").read_text())["variants"]}
+    assert trees["talon"]["budget"] == trees["eagle"]["budget"] == trees["chain"]["budget"] == "auto"
+    assert trees["static"]["budget"] == 6
+
+
+def test_bench_without_a_chat_template(monkeypatch, tmp_path, capsys):
+    """A base model's tokenizer has no chat template: a clear error, and --no-chat-template sends plain text."""
+    target = tiny_model("qwen2", seed=3)
+
+    class PlainTokenizer(WordTokenizer):
+        chat_template = None
+
+        def __call__(self, text, add_special_tokens=True):
+            return {"input_ids": [3 + sum(map(ord, w)) % (self.vocab - 3) for w in text.split()][-self.max_tokens:]}
+
+    plain = SpeculativeGenerator.from_models(target, noisy_copy(target, 0.3, seed=4), PlainTokenizer(), tree="talon")
+    raw = SpeculativeGenerator.from_models(target, noisy_copy(target, 0.3, seed=4), PlainTokenizer(), tree="talon",
+                                           chat_template=False)
+    common = ["bench", "--datasets", "qa", "--limit", "1", "--max-new-tokens", "6", "--methods", "talon", "--threads",
+              "1", "--no-progress", "--no-plots"]
+    monkeypatch.setattr(bench_cli, "_load_generator", lambda args: plain)
+    assert main([*common, "--out", str(tmp_path / "a")]) == 2
+    assert "the tokenizer has no chat template (a base model?); run with --no-chat-template" in capsys.readouterr().err
+    monkeypatch.setattr(bench_cli, "_load_generator", lambda args: raw)
+    assert main([*common, "--no-chat-template", "--out", str(tmp_path / "b")]) == 0
+    results = json.loads((tmp_path / "b" / "results.json").read_text())
+    assert results["samples"][0]["prompt_tokens"] > 3
+
+
 # ------------------------------------------------------------------------------------------ bad arguments
 
 

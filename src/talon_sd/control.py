@@ -625,6 +625,11 @@ class BudgetController:
         self._growth_checks = 0
         self._early_stops = 0
 
+    @property
+    def choice(self) -> int:
+        """The budget currently preferred (what runs outside probes and plain-step refreshes)."""
+        return self._choice
+
     # ------------------------------------------------------------------ the loop's three calls
     def next_budget(self) -> int:
         """The budget N of the coming step (asking twice before the step is observed gives the same N)."""

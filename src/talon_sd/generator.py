@@ -196,6 +196,7 @@ class SpeculativeGenerator:
             raise bad_argument("initial_budget", initial_budget, f"an integer in [1, {MAX_AUTO_BUDGET}]")
         self.initial_budget = initial_budget
         self.cost_prior = cost_prior  # updated after each auto-budget generation (this machine's costs)
+        self.learned_budget: dict[str, int] = {}  # method -> the controller's last choice, the next call's start
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ public calls
@@ -248,7 +249,7 @@ class SpeculativeGenerator:
         controller = self._controller(tree_config, sampling)
         stats = DecodeStats(method=tree_config.label)
         pipeline = Pipeline(target, drafter, make_builder(tree_config), sampling, controller)
-        return self._remember_costs(decode(pipeline, prompt_ids, stop, stats), controller), stats, stop
+        return self._remember_costs(decode(pipeline, prompt_ids, stop, stats), controller, tree_config.method), stats, stop
 
     def _stop_condition(self, prompt_ids: torch.Tensor, tree_config: TreeConfig, generation: GenerationConfig):
         """Checks the prompt against the target's and the draft's contexts; lowers max_new_tokens (with a
@@ -281,23 +282,27 @@ class SpeculativeGenerator:
             return None
         from .control import BudgetController, ControllerSettings
 
-        initial = self.initial_budget or _initial_budget(tree_config.method)
+        with self._lock:
+            learned = self.learned_budget.get(tree_config.method)
+        initial = self.initial_budget or learned or _initial_budget(tree_config.method)
         settings = ControllerSettings(max_budget=MAX_AUTO_BUDGET if tree_config.method != "chain" else 17,
                                       initial_budget=min(initial, 17) if tree_config.method == "chain" else initial)
         with self._lock:
             prior = self.cost_prior
         return BudgetController(settings, prior)
 
-    def _remember_costs(self, tokens: Iterator[int], controller: "BudgetController | None") -> Iterator[int]:
-        """Pass ``tokens`` through; afterwards keep the controller's measured costs for the next call."""
+    def _remember_costs(self, tokens: Iterator[int], controller: "BudgetController | None", method: str) -> Iterator[int]:
+        """Pass ``tokens`` through; afterwards keep the controller's measured costs, and its last choice of
+        budget, to start the next call's controller (this machine's costs do not change between prompts)."""
         try:
             yield from tokens
         finally:
             if controller is not None:
                 prior = controller.cost_prior()
-                if prior is not None:
-                    with self._lock:
+                with self._lock:
+                    if prior is not None:
                         self.cost_prior = prior
+                    self.learned_budget[method] = controller.choice
 
     def _chunks(self, tokens: Iterator[int], stats: DecodeStats, stream: TextStream, stop: StopCondition) -> Iterator[str]:
         token_ids: list[int] = []

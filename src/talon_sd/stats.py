@@ -97,6 +97,7 @@ class DecodeStats:
             "mean_tree_size": round(sum(self.tree_sizes) / steps, 3),
             "mean_budget": round(sum(self.budgets) / steps, 3),
             "budget_hist": {str(k): v for k, v in sorted(Counter(self.budgets).items())},
+            "budgets": list(self.budgets) if len(set(self.budgets)) > 1 else [],  # per step, when they varied
             "mean_tree_depth": round(sum(self.tree_depths) / steps, 3),
             "mean_layer_width": [round(w / steps, 3) for w in self.layer_width_sums],
             "depth_acceptance": [round(a / r, 4) if r else 0.0 for a, r in zip(self.accepted_at, self.reached)],

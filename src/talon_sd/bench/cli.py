@@ -285,7 +285,8 @@ def _run_and_write(args, generator, prompts, variants, decoding: Decoding, check
     plot_files = []
     if not args.no_plots:
         plot_files = plots.write_bench_plots(results, out_dir / "plots") if kind == "bench" else \
-            [p for p in [plots.plot_sweep(results, out_dir / "plots" / "sweep.png")] if p is not None]
+            [p for p in [plots.plot_sweep(results, out_dir / "plots" / "sweep.png"),
+                         plots.plot_budgets(results, out_dir / "plots" / "budgets.png")] if p is not None]
     writer = report.write_markdown if kind == "bench" else report.write_sweep_markdown
     markdown = writer(results, out_dir, plot_files)
     print(f"\nwrote {json_path}, {markdown}" + (f" and {len(plot_files)} plots in {out_dir / 'plots'}" if plot_files else ""),

@@ -7,6 +7,8 @@
 * ``mat_delta.png``   MAT against delta, one point per dataset x method (speedup grows up and left)
 * ``sweep.png``       (sweeps) speedup against the budget N, one panel per dataset, one line per
                       method configuration
+* ``budgets.png``     (online budgets) the budget N the controller chose at every step of the first
+                      generation of each dataset, one panel per ``auto`` method
 
 Only the results dict is read, so plots can be redrawn from a saved ``results.json``.
 """
@@ -127,11 +129,18 @@ def plot_sweep(results: dict, path: pathlib.Path) -> pathlib.Path | None:
     for number, dataset in enumerate(datasets):
         axis = axes[number // columns][number % columns]
         series: dict[str, list[tuple[int, float]]] = defaultdict(list)
+        online: dict[str, float] = {}  # budget 'auto': one horizontal line per series
         for row in (r for r in rows if r["dataset"] == dataset):
-            series[_series_name(trees[row["label"]])].append((trees[row["label"]]["budget"], row["speedup"]))
+            tree = trees[row["label"]]
+            if tree["budget"] == "auto":
+                online[_series_name(tree)] = row["speedup"]
+            else:
+                series[_series_name(tree)].append((tree["budget"], row["speedup"]))
         for name, points in series.items():
             points.sort()
             axis.plot([p[0] for p in points], [p[1] for p in points], marker=".", label=name)
+        for name, speedup in online.items():
+            axis.axhline(speedup, linewidth=1.2, linestyle=":", color="tab:red", label=f"{name} N=auto")
         axis.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
         axis.set_title(dataset, fontsize=9)
         axis.set_xlabel("budget N (tree nodes)", fontsize=8)
@@ -162,9 +171,32 @@ def _save(figure, path: pathlib.Path) -> pathlib.Path:
     return path
 
 
+def plot_budgets(results: dict, path: pathlib.Path) -> pathlib.Path | None:
+    """N chosen per step over the first generation of each dataset, per variant whose budget varied."""
+    traces: dict[str, dict[str, list[int]]] = defaultdict(dict)
+    for sample in results.get("samples", []):
+        budgets = (sample.get("stats") or {}).get("budgets") or []
+        if budgets and sample["dataset"] not in traces[sample["label"]]:
+            traces[sample["label"]][sample["dataset"]] = budgets
+    if not traces:
+        return None
+    pyplot = _pyplot()
+    figure, axes = pyplot.subplots(len(traces), 1, figsize=(7.5, 2.6 * len(traces)), squeeze=False)
+    for axis, (label, by_dataset) in zip(axes[:, 0], traces.items()):
+        for dataset, budgets in by_dataset.items():
+            axis.step(range(len(budgets)), budgets, where="post", label=dataset, linewidth=1.2)
+        axis.set_yscale("log", base=2)
+        axis.set_ylabel("budget N")
+        axis.set_title(f"{label}: N chosen per verify step (first generation per dataset)", fontsize=9)
+        axis.legend(fontsize=7, ncol=3)
+    axes[-1, 0].set_xlabel("verify step")
+    return _save(figure, path)
+
+
 def write_bench_plots(results: dict, plots_dir: pathlib.Path) -> list[pathlib.Path]:
     """Every bench plot that has data; returns the files written."""
     made = [plot_speedup(results, plots_dir / "speedup.png"),
             plot_tree_shape(results, plots_dir / "tree_shape.png"),
-            plot_mat_delta(results, plots_dir / "mat_delta.png")]
+            plot_mat_delta(results, plots_dir / "mat_delta.png"),
+            plot_budgets(results, plots_dir / "budgets.png")]
     return [path for path in made if path is not None]
