@@ -535,3 +535,25 @@ def test_bench_resume_reuses_finished_prompt_turns_and_refuses_other_settings(us
     assert error.startswith("talon: error: resume:") and "load average" not in error  # refused before the models load
     assert "decoding" in error and len(error.splitlines()) == 1
     assert len((out / "checkpoint.jsonl").read_text().splitlines()) == 1 + 3 * 3  # the refused resume changed nothing
+
+
+def test_methods_on_different_drafters_in_one_run(monkeypatch, tmp_path):
+    """talon and eagle on an EAGLE-3 head beside talon on the draft LM and on n-grams, interleaved, all exact."""
+    from talon_sd.eagle3 import init_eagle3_head
+
+    target = tiny_model("qwen2", seed=3, layers=6)
+    generator = SpeculativeGenerator.from_models(target, noisy_copy(target, 0.3, seed=4), WordTokenizer(), tree="talon")
+    generator.head = init_eagle3_head(target, seed=2).float().eval()
+    monkeypatch.setattr(bench_cli, "_load_generator", lambda args: generator)
+    out = tmp_path / "drafters"
+    assert main(["bench", "--datasets", "qa", "--limit", "1", "--max-new-tokens", "10", "--methods",
+                 "talon@eagle3,eagle@eagle3,talon,talon@ngram", "--head", str(tmp_path), "--talon-budget", "6",
+                 "--eagle-budget", "6", "--threads", "1", "--no-progress", "--no-plots", "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    drafters = {v["label"]: v["drafter"] for v in results["variants"]}
+    assert drafters == {"ar": None, "talon@eagle3": "eagle3", "eagle@eagle3": "eagle3", "talon": None, "talon@ngram": "ngram"}
+    assert all(s["identical_to_ar"] for s in results["samples"] if s["label"] != "ar")
+    assert parse_methods("talon@eagle3,chain@ngram") == ["talon@eagle3", "chain@ngram"]
+    for bad in ("hf@eagle3", "ar@ngram", "talon@medusa"):
+        with pytest.raises(TalonError, match=f"methods: got '{bad}'"):
+            parse_methods(bad)

@@ -88,6 +88,7 @@ class SpeculativeGenerator:
                    (``draft`` names an EAGLE-3 head folder: SafeAILab/SpecForge/vLLM format, or ours)
     dtype, device  ``auto`` picks bfloat16 where the hardware has it, CUDA when present
     chat_template  wrap string prompts in the tokenizer's chat template (instruct models)
+    head           an EAGLE-3 head folder loaded beside the draft LM, for calls with ``drafter="eagle3"``
     initial_budget the controller's first budget (e.g. from a ``talon tune`` profile)
     cpu_kernels    ``auto`` packs float32 linears for oneDNN on CPU (about 2x faster forwards of a few
                    tokens there, see :func:`talon_sd.lm.pack_linears_for_cpu`); ``default`` leaves torch's
@@ -106,6 +107,7 @@ class SpeculativeGenerator:
         initial_budget: int | None = None,
         cost_prior: "CostPrior | None" = None,
         cpu_kernels: str = "auto",
+        head: str | None = None,
         **tree_options,
     ) -> None:
         from . import models
@@ -134,8 +136,15 @@ class SpeculativeGenerator:
             models.check_same_vocab(loaded_target, loaded_draft)
             if cpu_kernels == "auto":
                 pack_linears_for_cpu(loaded_draft.model)
+        extra_head = None
+        if head is not None:  # an EAGLE-3 head beside the draft LM: per-call drafter="eagle3"
+            from .eagle3 import load_eagle3_head
+
+            extra_head = load_eagle3_head(head, loaded_target.model)
         self._setup(loaded_target.model, loaded_draft.model if loaded_draft else None, loaded_target.tokenizer,
                     tree_config, drafter, chat_template)
+        if extra_head is not None:
+            self.head = extra_head
         self._controller_start(initial_budget, cost_prior)
 
     @classmethod
@@ -202,7 +211,8 @@ class SpeculativeGenerator:
     # ------------------------------------------------------------------ public calls
     def generate(self, prompt: Prompt = None, **options) -> GenerationResult:
         """Generate a completion. Options: ``input_ids``, ``max_new_tokens``, ``do_sample``, ``temperature``,
-        ``top_p``, ``top_k``, ``seed``, ``stop``, ``ignore_eos``, ``tree`` (a TreeConfig or method name for this call)."""
+        ``top_p``, ``top_k``, ``seed``, ``stop``, ``ignore_eos``, ``tree`` (a TreeConfig or method name for this
+        call), ``drafter`` (``model``, ``ngram`` or ``eagle3`` for this call, if the generator holds what it needs)."""
         stream = self.stream(prompt, **options)
         for _ in stream:
             pass
@@ -231,6 +241,8 @@ class SpeculativeGenerator:
         options = dict(options)
         input_ids = options.pop("input_ids", None)
         tree = options.pop("tree", None)
+        drafter_name = options.pop("drafter", self.drafter_name)
+        _check_drafter(drafter_name)
         tree_config = self.tree_config if tree is None else _tree_config(tree, {})
         sampling_options, generation_options = {}, {}
         for key, value in options.items():
@@ -244,7 +256,7 @@ class SpeculativeGenerator:
         generation = GenerationConfig(**generation_options)
         prompt_ids = self._prompt_ids(prompt, input_ids)
         stop = self._stop_condition(prompt_ids, tree_config, generation)
-        drafter = self._drafter(tree_config)
+        drafter = self._drafter(tree_config, drafter_name)
         target = CausalLM(self.target_model, role="target")
         controller = self._controller(tree_config, sampling)
         stats = DecodeStats(method=tree_config.label)
@@ -366,12 +378,12 @@ class SpeculativeGenerator:
     def _use_chat_template(self) -> bool:
         return self.chat_template and bool(getattr(self.tokenizer, "chat_template", None))
 
-    def _drafter(self, tree_config: TreeConfig):
+    def _drafter(self, tree_config: TreeConfig, drafter_name: str):
         if tree_config.method == "ar":
             return None
-        if self.drafter_name == "ngram":
+        if drafter_name == "ngram":
             return NgramDrafter(self.target.vocab_size)
-        if self.drafter_name == "eagle3":
+        if drafter_name == "eagle3":
             if self.head is None:
                 raise TalonError(f"draft: tree method {tree_config.method!r} with drafter 'eagle3' needs an EAGLE-3 head")
             return Eagle3Drafter(self.head)

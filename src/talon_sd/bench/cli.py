@@ -37,6 +37,7 @@ def register(commands) -> None:
     _add_run_arguments(bench, datasets="all", limit=5, max_new_tokens=128, out="bench")
     bench.add_argument("--methods", default=",".join(METHODS),
                        help="comma-separated, some of " + ", ".join(METHODS) + " (ar always runs: the baseline)")
+    bench.add_argument("--head", default=None, help="an EAGLE-3 head folder for the methods named with @eagle3")
     bench.add_argument("--budget", type=_auto_or_tuned, default=None,
                        help="'auto': talon, eagle and chain with the online budget controller (static: tuned); "
                             "'tuned': every tree method at the options `talon tune` picked for this machine")
@@ -135,6 +136,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
     methods = parse_methods(args.methods)
     if args.drafter != "model" and "hf-assisted" in methods:
         raise TalonError("methods: hf-assisted needs the draft model (--drafter model)")
+    if any(name.endswith("@eagle3") for name in methods) and not args.head and args.drafter != "eagle3":
+        raise TalonError("head: methods with @eagle3 need --head DIR (an EAGLE-3 head folder)")
     variants = bench_variants(methods, _method_overrides(args), tuned=_tuned_lookup(args))
     checkpoint = _open_checkpoint(args, "bench", prompts, variants, decoding)
     _check_load(args)
@@ -237,7 +240,7 @@ def _load_generator(args: argparse.Namespace):
     start.pop("initial_budget", None)  # each variant's own start: its method default
     return SpeculativeGenerator(args.target, args.draft, tree="talon", drafter=args.drafter, dtype=args.dtype,
                                 device=args.device, chat_template=not args.no_chat_template,
-                                cpu_kernels=args.cpu_kernels, **start)
+                                cpu_kernels=args.cpu_kernels, head=getattr(args, "head", None), **start)
 
 
 def _open_checkpoint(args: argparse.Namespace, kind: str, prompts, variants, decoding: Decoding):

@@ -9,7 +9,9 @@ Methods, registered by name in :data:`RUNNERS`:
 * ``chain``, ``static``, ``eagle``, ``talon``  our loop with that tree builder (:class:`TreeConfig`)
 
 A :class:`Variant` is one method with one configuration and a unique ``label`` (the results key):
-``talon`` in a benchmark, ``talon(N=32,K=4,mu=0.03)`` in a sweep.
+``talon`` in a benchmark, ``talon(N=32,K=4,mu=0.03)`` in a sweep. A tree method may name its drafter
+after an ``@`` (``talon@eagle3``, ``eagle@eagle3``, ``chain@ngram``): methods on different drafters
+then run side by side in one interleaved run (the generator must hold what each drafter needs).
 
 Timing contract: every method is timed the same way, wall clock around the whole call (prefill
 included, detokenization excluded), from the same prompt ids, with the same stopping rule
@@ -52,13 +54,14 @@ class Variant:
     label: str
     method: str
     tree: TreeConfig | None = None
-    tuned: bool = False  # the tree options came from the tuned profile (``auto``)
+    tuned: bool = False  # the tree options came from the tuned profile (``tuned``)
+    drafter: str | None = None  # None: the generator's own drafter
 
     def describe(self) -> dict:
         tree = None
         if self.tree is not None:
             tree = {k: (list(map(list, v)) if k == "static_paths" and v else v) for k, v in asdict(self.tree).items()}
-        return {"label": self.label, "method": self.method, "tree": tree, "tuned": self.tuned}
+        return {"label": self.label, "method": self.method, "tree": tree, "tuned": self.tuned, "drafter": self.drafter}
 
 
 @dataclass
@@ -74,12 +77,16 @@ def parse_methods(text: str | Sequence[str] | None, allowed: Sequence[str] = MET
     """Validated method names in the order given, without duplicates."""
     from .datasets import split_list
 
+    from ..drafters import DRAFTERS
+
     names = split_list(text)
+    expected = "some of " + ", ".join(allowed) + " (comma-separated; a tree method may add @drafter, e.g. talon@eagle3)"
     if not names:
-        raise bad_argument("methods", text, "some of " + ", ".join(allowed) + " (comma-separated)")
+        raise bad_argument("methods", text, expected)
     for name in names:
-        if name not in allowed:
-            raise bad_argument("methods", name, "some of " + ", ".join(allowed) + " (comma-separated)")
+        method, _, drafter = name.partition("@")
+        if method not in allowed or (drafter and (method in HF_METHODS or method == "ar" or drafter not in DRAFTERS)):
+            raise bad_argument("methods", name, expected)
     return list(dict.fromkeys(names))
 
 
@@ -88,12 +95,18 @@ def run_variant(generator, variant: Variant, prompt_ids: torch.Tensor, decoding:
     return RUNNERS[variant.method](generator, variant, prompt_ids, decoding, seed)
 
 
+def split_method(name: str) -> tuple[str, str | None]:
+    """``talon@eagle3`` -> ("talon", "eagle3"); ``talon`` -> ("talon", None)."""
+    method, _, drafter = name.partition("@")
+    return method, drafter or None
+
+
 def _run_tree(generator, variant: Variant, prompt_ids: torch.Tensor, decoding: Decoding, seed: int) -> Outcome:
     started = time.perf_counter()
     tokens, stats = generator.token_stream(
         input_ids=prompt_ids, max_new_tokens=decoding.max_new_tokens, do_sample=not decoding.greedy,
         temperature=decoding.temperature if not decoding.greedy else 1.0, top_p=1.0, top_k=0, seed=seed,
-        tree=variant.tree,
+        tree=variant.tree, **({"drafter": variant.drafter} if variant.drafter else {}),
     )
     token_ids = list(tokens)
     return Outcome(token_ids, time.perf_counter() - started, stats)
@@ -196,17 +209,19 @@ def bench_variants(methods: Sequence[str], overrides: dict[str, dict] | None = N
     names = list(dict.fromkeys(["ar", *methods]))
     variants = []
     for name in names:
-        options = {k: v for k, v in (overrides.get(name) or {}).items() if v is not None}
+        method, drafter = split_method(name)
+        options = {k: v for k, v in (overrides.get(method) or {}).items() if v is not None}
         is_tuned = any(v == TUNED for v in options.values())
         if is_tuned:
             if tuned is None:
-                raise bad_argument(TUNED_KEY.get(name, "budget"), TUNED, "a number (no tuned profile is available here)")
+                raise bad_argument(TUNED_KEY.get(method, "budget"), TUNED, "a number (no tuned profile is available here)")
             explicit = {k: v for k, v in options.items() if v != TUNED}
-            options = {**tuned(name), **explicit}
-        if name == "chain" and options.get("depth") == AUTO:
+            options = {**tuned(method), **explicit}
+        if method == "chain" and options.get("depth") == AUTO:
             options = {**options, "depth": None, "budget": AUTO}
-        if name in HF_METHODS:
-            variants.append(Variant(label=name, method=name))
+        if method in HF_METHODS:
+            variants.append(Variant(label=name, method=method))
         else:
-            variants.append(Variant(label=name, method=name, tree=TreeConfig(method=name, **options), tuned=is_tuned))
+            variants.append(Variant(label=name, method=method, tree=TreeConfig(method=method, **options),
+                                    tuned=is_tuned, drafter=drafter))
     return variants
