@@ -35,10 +35,11 @@ def generator():
 
 
 @pytest.mark.parametrize("tree", [TreeConfig("talon", budget=16, topk=4), TreeConfig("eagle", budget=16, topk=4, depth=4),
-                                  TreeConfig("talon", budget=32, topk=10, mu=0.03)], ids=lambda t: t.label)
+                                  TreeConfig("talon", budget=32, topk=10, mu=0.03), TreeConfig("talon", budget="auto")],
+                         ids=lambda t: t.label)
 def test_real_pair_greedy_is_identical_to_plain_greedy(generator, tree):
     for prompt in PROMPTS:
-        prompt_ids = generator._prompt_ids(prompt, None)
+        prompt_ids = generator.encode_prompt(prompt)
         with torch.inference_mode():
             reference = generator.target_model.generate(
                 prompt_ids[None], max_new_tokens=32, do_sample=False, attention_mask=torch.ones(1, prompt_ids.numel(), dtype=torch.long)
@@ -46,4 +47,5 @@ def test_real_pair_greedy_is_identical_to_plain_greedy(generator, tree):
         result = generator.generate(prompt, max_new_tokens=32, tree=tree)
         n = len(reference)
         assert result.token_ids[:n] == reference, (tree.label, prompt)
-        assert result.stats.mat > 1.5  # the 0.5B draft really is accepted on these prompts
+        if not tree.auto:  # (the controller may rightly choose plain steps on this CPU)
+            assert result.stats.mat > 1.5  # the 0.5B draft really is accepted on these prompts
