@@ -438,7 +438,7 @@ def test_rates_are_ratios_of_sums_over_the_informing_steps():
 def trained_controller(draft_seconds: float) -> BudgetController:
     """A controller whose calibration saw nodes of log p > -0.5 always accepted and below -3 never."""
     prior = CostPrior(verify_seconds={1: 1.0, 64: 1.0}, draft_seconds={1: draft_seconds, 64: draft_seconds})
-    controller = BudgetController(ControllerSettings(), prior)
+    controller = BudgetController(ControllerSettings(early_stop=True), prior)
     record = StepRecord(
         node_log_p=(0.0, -0.05, -5.0, -5.0, -0.1, -6.0, -6.0, -0.2, -7.0, -7.0),
         node_parent=(-1, 0, 0, 0, 1, 1, 1, 4, 4, 4),
@@ -452,7 +452,7 @@ def trained_controller(draft_seconds: float) -> BudgetController:
 
 
 def test_keep_growing_says_grow_with_no_data():
-    assert BudgetController().keep_growing([0.0, -0.1, -9.0], [1, 2], [1], 64)
+    assert BudgetController(ControllerSettings(early_stop=True)).keep_growing([0.0, -0.1, -9.0], [1, 2], [1], 64)
 
 
 def test_keep_growing_stops_when_the_next_layer_cannot_pay_for_itself():

@@ -90,7 +90,11 @@ Design ("Improvement" marks where this goes past the obvious recipe)
    (A + g + 1) / T_next > (A + 1) / T_now. With no drafted step seen yet it always says grow. In the
    synthetic worlds of tests/test_control.py this recovers most of what too large a budget loses
    (a fixed N = 64 on the bf16 CPU curve: 0.67 -> 0.99 of the best fixed N) and costs at most ~1%
-   near the optimum; a margin in either direction did worse.
+   near the optimum; a margin in either direction did worse. **Off by default**
+   (``early_stop=False``): on the real Qwen pair in bf16 (docs/BENCHMARKS.md section 5) the one-layer
+   look-ahead stopped chat trees after the root's children in almost every step (a deeper tree pays
+   only over several layers), such steps count as ``complete`` for every larger budget, every budget
+   then looked alike and the choice collapsed to N = 2-4 (MAT 2.0 where N = 16 accepts 4.5).
 5. Cost: on this project's 2-core CPU (Python 3.11, the machine busy with other work, load ~4) with
    the defaults (window 32, 16 candidates), next_budget + observe took 0.17-0.33 ms per step together
    (mean trees of 5 to 60 nodes; 0.33 ms with 64-node trees every step) and keep_growing 4-14 us per
@@ -347,7 +351,7 @@ class ControllerSettings:
     calibration_edges: tuple[float, ...] = DEFAULT_CALIBRATION_EDGES
     calibration_decay: float = 0.97
     calibration_prior_strength: float = 2.0
-    early_stop: bool = True
+    early_stop: bool = False  # off by default: see design 4 (it starved chat trees on the real pair)
 
     def __post_init__(self) -> None:
         for name in ("allow_plain", "early_stop"):
