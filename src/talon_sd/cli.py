@@ -59,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .bench.cli import register as register_bench
 
     register_bench(commands)
+    from .train.cli import register as register_train
+
+    register_train(commands)
     from .serve.cli import register as register_serve
 
     register_serve(commands)
