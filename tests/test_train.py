@@ -260,7 +260,7 @@ def tiny_llama(model_folder):
 
 def data_config(source_dir, **changes) -> DataConfig:
     fields = dict(self_prompts=4, source_prompts=3, source_roots=(str(source_dir),), max_new_tokens=8,
-                  max_request_tokens=24, batch_size=4)
+                  max_request_tokens=96, batch_size=4)
     return DataConfig(**(fields | changes))
 
 
@@ -326,7 +326,7 @@ def test_cli_runs_every_stage_then_skips_them_and_refuses_other_settings(model_f
     work, out = tmp_path / "work", tmp_path / "head"
     command = ["train-head", "--target", str(model_folder), "--dtype", "float32", "--device", "cpu", "--threads", "1",
                "--self-prompts", "3", "--source-prompts", "2", "--source-dir", str(source_dir), "--max-new-tokens", "8",
-               "--max-request-tokens", "24", "--draft-vocab", "40", "--epochs", "1", "--val-fraction", "0.2",
+               "--max-request-tokens", "96", "--draft-vocab", "40", "--epochs", "1", "--val-fraction", "0.2",
                "--work", str(work), "--out", str(out), "--no-progress"]
     assert main(command) == 0
     report = json.loads((out / "training.json").read_text())

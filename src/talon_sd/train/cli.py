@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass
 from ..errors import TalonError, bad_argument
 
 STAGES = ("data", "features", "train", "all")
-DEFAULT_SELF_PROMPTS = 600  # with no --prompts
-DEFAULT_SOURCE_PROMPTS = 400  # with no --prompts
+DEFAULT_SELF_PROMPTS = 500  # with no --prompts
+DEFAULT_SOURCE_PROMPTS = 500  # with no --prompts
 
 # flag dest -> (settings section, field); --seed seeds both the data and the train stage
 SETTING_FLAGS = {
@@ -58,8 +58,8 @@ def register(commands) -> None:
     data.add_argument("--source-dir", action="append", default=None, metavar="DIR",
                       help="where the code for --source-prompts comes from (repeatable; default: the standard library)")
     data.add_argument("--max-new-tokens", type=int, default=None, help="answer length cap (default 256)")
-    data.add_argument("--max-request-tokens", type=int, default=None, help="self-prompt length cap (default 128)")
-    data.add_argument("--gen-batch", type=int, default=None, help="sequences per generate call (default 8)")
+    data.add_argument("--max-request-tokens", type=int, default=None, help="self-prompt length cap (default 160)")
+    data.add_argument("--gen-batch", type=int, default=None, help="sequences per generate call (default 16)")
     data.add_argument("--answer-temperature", type=float, default=None, help="0 = greedy answers (default)")
     features = parser.add_argument_group("features")
     features.add_argument("--draft-vocab", type=int, default=None, metavar="VD",

@@ -11,8 +11,8 @@ Folder layout (``<work>/data``), every file resumable::
 A sample is the target's chat template around one user prompt followed by the target's answer
 (greedy by default, cut after the first end-of-turn id, at most ``max_new_tokens``); ``loss_mask`` is 1
 on the answer tokens (the end-of-turn id included), 0 on the prompt. Prompts are collected in a fixed
-order (user files, source code, then Magpie requests sampled in seeded batches), answered in batches
-of ``batch_size`` with left padding; a rerun skips every prompt and answer already on disk.
+order (user files, source code, then Magpie requests sampled in seeded batches), answered shortest
+first in batches of ``batch_size`` with left padding; a rerun skips every prompt and answer on disk.
 """
 
 from __future__ import annotations
@@ -26,15 +26,15 @@ import warnings
 from dataclasses import asdict, dataclass
 
 from ..errors import TalonError, TalonWarning, bad_argument
-from .generation import generate_batch, pad_token_id, stop_token_ids
+from .generation import MAX_PREFILL_TOKENS, generate_batch, pad_token_id, stop_token_ids
 from .prompts import (
-    PromptPool, clean_request, default_source_roots, read_prompt_file, render_user_turn, source_prompts, user_turn_prefix,
+    PromptPool, clean_request, default_source_roots, read_prompt_file, render_user_turn, request_prefixes, source_prompts,
 )
 from .store import JsonlLog, atomic_write_text, check_settings, read_json
 
 REQUEST_TOP_P = 0.95
 REQUEST_TEMPERATURE = 1.0
-MAX_REQUEST_BATCHES_PER_PROMPT = 4  # Magpie gives up after this many batches per request asked
+MAX_REQUEST_BATCH_FACTOR = 6  # Magpie gives up after 6x the batches a 100% yield would need
 
 
 @dataclass(frozen=True)
@@ -46,9 +46,9 @@ class DataConfig:
     source_prompts: int = 0  # --source-prompts: requests about local code
     source_roots: tuple[str, ...] = ()  # --source-dir; () = the standard library
     max_new_tokens: int = 256  # --max-new-tokens: answer length cap
-    max_request_tokens: int = 128  # --max-request-tokens: Magpie request length cap
+    max_request_tokens: int = 160  # --max-request-tokens: Magpie request length cap
     max_prompt_tokens: int = 1024  # rendered prompts longer than this are skipped
-    batch_size: int = 8  # --gen-batch: sequences per generate call
+    batch_size: int = 16  # --gen-batch: sequences per generate call
     answer_temperature: float = 0.0  # --answer-temperature: 0 = greedy
     seed: int = 0
 
@@ -142,13 +142,14 @@ def collect_prompts(model, tokenizer, config: DataConfig, folder: pathlib.Path, 
     for record in selves:
         pool.add(record["text"])
     if len(selves) < config.self_prompts:
-        prefix = user_turn_prefix(tokenizer)
+        prefixes = request_prefixes(tokenizer)
         stop = stop_token_ids(model, tokenizer)
         batch = max((r["batch"] for r in selves), default=-1) + 1
-        last_batch = batch + MAX_REQUEST_BATCHES_PER_PROMPT * math.ceil((config.self_prompts - len(selves)) / config.batch_size)
+        last_batch = batch + MAX_REQUEST_BATCH_FACTOR * math.ceil((config.self_prompts - len(selves)) / config.batch_size)
         bar = tqdm(total=config.self_prompts, initial=len(selves), desc="requests (self)", unit="prompt", disable=not progress)
         while len(selves) < config.self_prompts and batch < last_batch:
             started = time.perf_counter()
+            prefix = prefixes[batch % len(prefixes)]
             completions = generate_batch(model, [prefix] * config.batch_size, config.max_request_tokens,
                                          REQUEST_TEMPERATURE, REQUEST_TOP_P, stop, pad_token_id(tokenizer, stop),
                                          seed=config.seed * 1_000_003 + batch)
@@ -171,33 +172,49 @@ def collect_prompts(model, tokenizer, config: DataConfig, folder: pathlib.Path, 
 
 
 def answer_prompts(model, tokenizer, config: DataConfig, folder: pathlib.Path, prompts: list[dict], progress: bool) -> None:
-    """Append a sample (or a skip) to ``samples.jsonl`` for every prompt that has none yet."""
+    """Append a sample (or a skip) to ``samples.jsonl`` for every prompt that has none yet. Prompts are
+    answered shortest first, so a batch pads little (and holds at most MAX_PREFILL_TOKENS padded tokens)."""
     from tqdm.auto import tqdm
 
     log = JsonlLog(folder / "samples.jsonl")
     answered = {record["index"] for record in log.records}
-    pending = [record for record in prompts if record["index"] not in answered]
+    pending = [(record, render_user_turn(tokenizer, record["text"], generation_prompt=True))
+               for record in prompts if record["index"] not in answered]
+    too_long = [{"index": r["index"], "skipped": f"prompt longer than {config.max_prompt_tokens} tokens"}
+                for r, ids in pending if len(ids) > config.max_prompt_tokens]
+    log.append(*too_long)
+    pending = sorted([(r, ids) for r, ids in pending if len(ids) <= config.max_prompt_tokens],
+                     key=lambda item: (len(item[1]), item[0]["index"]))
     stop = stop_token_ids(model, tokenizer)
     pad = pad_token_id(tokenizer, stop)
     bar = tqdm(total=len(prompts), initial=len(prompts) - len(pending), desc="answers", unit="prompt", disable=not progress)
-    for start in range(0, len(pending), config.batch_size):
-        batch = pending[start: start + config.batch_size]
-        rendered = [render_user_turn(tokenizer, record["text"], generation_prompt=True) for record in batch]
-        records = [{"index": r["index"], "skipped": f"prompt longer than {config.max_prompt_tokens} tokens"}
-                   for r, ids in zip(batch, rendered) if len(ids) > config.max_prompt_tokens]
-        kept = [(r, ids) for r, ids in zip(batch, rendered) if len(ids) <= config.max_prompt_tokens]
-        if kept:
-            started = time.perf_counter()
-            completions = generate_batch(model, [ids for _, ids in kept], config.max_new_tokens, config.answer_temperature,
-                                         1.0, stop, pad, seed=config.seed * 1_000_003 + 7919 * kept[0][0]["index"])
-            for (record, ids), completion in zip(kept, completions):
-                answer = list(completion.tokens)
-                records.append({"index": record["index"], "ids": ids + answer, "loss_mask": [0] * len(ids) + [1] * len(answer),
-                                "prompt_tokens": len(ids), "finished": completion.finished,
-                                "seconds": round((time.perf_counter() - started) / len(kept), 3)})
-        log.append(*sorted(records, key=lambda r: r["index"]))
+    for batch in length_batches(pending, config.batch_size):
+        started = time.perf_counter()
+        completions = generate_batch(model, [ids for _, ids in batch], config.max_new_tokens, config.answer_temperature,
+                                     1.0, stop, pad, seed=config.seed * 1_000_003 + 7919 * batch[0][0]["index"])
+        seconds = round((time.perf_counter() - started) / len(batch), 3)
+        records = []
+        for (record, ids), completion in zip(batch, completions):
+            answer = list(completion.tokens)
+            records.append({"index": record["index"], "ids": ids + answer, "loss_mask": [0] * len(ids) + [1] * len(answer),
+                            "prompt_tokens": len(ids), "finished": completion.finished, "seconds": seconds})
+        log.append(*records)
         bar.update(len(batch))
     bar.close()
+
+
+def length_batches(items: list[tuple[dict, list[int]]], batch_size: int) -> list[list[tuple[dict, list[int]]]]:
+    """Consecutive (prompt, ids) items, at most ``batch_size`` a batch and MAX_PREFILL_TOKENS padded tokens
+    (items sorted by length: the last one is the widest)."""
+    batches, current = [], []
+    for item in items:
+        if current and (len(current) == batch_size or (len(current) + 1) * len(item[1]) > MAX_PREFILL_TOKENS):
+            batches.append(current)
+            current = []
+        current.append(item)
+    if current:
+        batches.append(current)
+    return batches
 
 
 def read_samples(folder: pathlib.Path) -> list[Sample]:

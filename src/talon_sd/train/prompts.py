@@ -5,7 +5,11 @@
 * **Self-generated requests** (Xu et al., "Magpie", 2024): the target sees only its chat template's
   user-turn prefix (e.g. ``<|im_start|>system\\n...<|im_end|>\\n<|im_start|>user\\n``, found by
   rendering a sentinel user message and cutting at the sentinel) and samples until end of turn
-  (temperature 1, top-p 0.95); requests that ended, are non-trivial and new are kept.
+  (temperature 1, top-p 0.95); requests that ended, are non-trivial and new are kept. Batches take
+  turns between the template's own prefix and prefixes with a topic system prompt
+  (:data:`REQUEST_SYSTEM_PROMPTS`: code, math, summaries, facts, writing, explanations), which steers
+  the requests away from the default prompt's favourite topic (itself). Only the request is kept: the
+  answer is generated with the template's default system prompt, as ``talon generate`` sends it.
 * **Source-seeded requests**: functions and classes of local ``.py`` files (the standard library by
   default) wrapped in tasks such as "Explain what this code does" or "Write unit tests for".
 
@@ -31,6 +35,16 @@ MIN_REQUEST_WORDS = 3
 SNIPPET_LINES = (5, 40)  # inclusive range of lines a source snippet may have
 SNIPPET_MAX_CHARS = 1600
 SNIPPETS_PER_FILE = 2
+
+REQUEST_SYSTEM_PROMPTS = (
+    None,  # the template's own default
+    "You are a helpful assistant. The user asks you to write, fix or explain Python code.",
+    "You are a helpful assistant. The user gives you a math word problem to solve step by step.",
+    "You are a helpful assistant. The user pastes a short text and asks you to summarize it.",
+    "You are a helpful assistant. The user asks you a factual question about the world.",
+    "You are a helpful assistant. The user asks you to write, rewrite or edit a piece of text.",
+    "You are a helpful assistant. The user asks you to explain an idea from science, history or technology.",
+)
 
 SOURCE_TASKS = (
     "Explain what this code does:\n```python\n{code}\n```",
@@ -134,16 +148,33 @@ def render_user_turn(tokenizer, text: str, generation_prompt: bool) -> list[int]
     return [int(i) for i in ids]
 
 
-def user_turn_prefix(tokenizer) -> list[int]:
-    """Token ids of everything the chat template puts before a user message's text."""
+def user_turn_prefix(tokenizer, system: str | None = None) -> list[int]:
+    """Token ids of everything the chat template puts before a user message's text (after a ``system``
+    message when one is given)."""
     if not getattr(tokenizer, "chat_template", None):
         raise TalonError("target: its tokenizer has no chat template (train-head renders every prompt with it)")
-    rendered = tokenizer.apply_chat_template([{"role": "user", "content": SENTINEL}], tokenize=False,
-                                             add_generation_prompt=False)
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": SENTINEL}]
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
     if SENTINEL not in rendered:
         raise TalonError("target: its chat template does not show the user message verbatim (cannot find the user-turn prefix)")
     prefix = rendered[: rendered.index(SENTINEL)]
     return [int(i) for i in tokenizer(prefix, add_special_tokens=False)["input_ids"]]
+
+
+def request_prefixes(tokenizer) -> list[list[int]]:
+    """The distinct user-turn prefixes of :data:`REQUEST_SYSTEM_PROMPTS` the template can render (some
+    templates refuse a system role: those get the default prefix only)."""
+    prefixes = []
+    for system in REQUEST_SYSTEM_PROMPTS:
+        try:
+            prefix = user_turn_prefix(tokenizer, system)
+        except TalonError:
+            raise
+        except Exception:  # a template that raises on a system message
+            continue
+        if prefix not in prefixes:
+            prefixes.append(prefix)
+    return prefixes
 
 
 def clean_request(tokenizer, completion) -> str | None:
