@@ -181,7 +181,7 @@ class SpeculativeGenerator:
         return self
 
     def _setup(self, target_model, draft_model, tokenizer, tree_config, drafter, chat_template) -> None:
-        self.target_model, self.draft_model, self.tokenizer = target_model, draft_model, tokenizer
+        self.target_model, self.tokenizer = target_model, tokenizer
         self.tree_config, self.drafter_name, self.chat_template = tree_config, drafter, chat_template
         # Models that do not fit tree verification are refused here, before any generation.
         self.target = CausalLM(target_model, role="target")  # limits and layout; each call makes its own cache
