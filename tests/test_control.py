@@ -269,6 +269,52 @@ def test_on_this_cpus_measured_costs_never_slower_than_plain_and_near_the_best(d
     assert run.rate() >= 0.93 * max(rates.values())
 
 
+def run_requests(world: World, requests: int, steps: int, policy) -> float:
+    """tokens/s over ``requests`` short generations of ``steps`` steps each. ``policy``: a fixed budget,
+    "fresh" (a new controller per request) or "carried" (each request continues the previous one's)."""
+    tokens = seconds = 0.0
+    previous = None
+    for request in range(requests):
+        if policy == "fresh" or (policy == "carried" and previous is None):
+            controller = BudgetController(ControllerSettings())
+        elif policy == "carried":
+            controller = previous.for_next_sequence()
+        else:
+            controller = policy
+        run = simulate(world, steps, controller, seed=request)
+        tokens, seconds = tokens + sum(run.tokens), seconds + sum(run.seconds)
+        previous = controller
+    return tokens / seconds
+
+
+def test_carried_over_short_requests_on_hostile_costs_stay_level_with_plain_decoding():
+    # 32 requests of 8 steps (a QA answer): a fresh controller pays its first budget and its probes again
+    # in every request (0.80 of plain here); carried over, the first request pays and the probes thin out
+    # (0.95; the deficit is the first request's exploration and probes at steps ~14, 32, 64, 128).
+    verify = measured_curve(CPU_FACTS_MS["fp32"])
+    world = World(verify=verify, draft=lambda width: 0.3 * verify(width), other=0.005, agree=0.8,
+                  confidence=(0.3, 0.9))
+    plain = run_requests(world, 32, 8, 1)
+    carried, fresh = run_requests(world, 32, 8, "carried"), run_requests(world, 32, 8, "fresh")
+    assert carried >= 0.94 * plain
+    assert carried >= fresh + 0.1 * plain
+
+
+def test_for_next_sequence_keeps_what_was_learned_and_leaves_the_original_alone():
+    controller = BudgetController(ControllerSettings())
+    simulate(SLOPED, 60, controller)
+    controller.next_budget()  # planned, not observed: belongs to the finished sequence
+    before = controller.summary()
+    follower = controller.for_next_sequence()
+    assert follower.choice == controller.choice
+    assert follower.rates() == controller.rates()
+    assert follower.cost_prior() == controller.cost_prior()
+    assert follower.summary()["budget_histogram"] == {} and follower.summary()["probes"] == {}
+    simulate(SLOPED, 30, follower, seed=3)
+    assert controller.summary() == before  # the original did not move
+    assert follower.summary()["steps"] == before["steps"] + 30
+
+
 def test_without_plain_steps_the_smallest_tree_is_the_floor():
     settings = ControllerSettings(allow_plain=False)
     run = simulate(HOSTILE, 150, BudgetController(settings))

@@ -280,3 +280,19 @@ def test_onednn_packed_float32_models_decode_exactly(tmp_path, monkeypatch):
     assert generator.generate(input_ids=ids, max_new_tokens=12).token_ids == plain.generate(input_ids=ids, max_new_tokens=12).token_ids
     with pytest.raises(TalonError, match="^cpu_kernels: got 'fast'"):
         SpeculativeGenerator(str(folder), str(folder), dtype="float32", device="cpu", cpu_kernels="fast")
+
+
+def test_auto_budget_calls_continue_the_previous_calls_controller_per_method_drafter_and_mode(llama_pair):
+    target, draft = llama_pair
+    generator = SpeculativeGenerator.from_models(target, draft, tree="talon")  # budget "auto"
+    prompt = torch.tensor([5, 9, 14, 3, 7, 11])
+    first = generator.generate(input_ids=prompt, max_new_tokens=40)
+    learned = generator.learned_budget
+    assert set(learned) == {("talon", "model", False)}
+    second = generator.generate(input_ids=prompt, max_new_tokens=40)
+    assert second.stats.budgets[0] == learned[("talon", "model", False)]  # starts where the first call ended
+    assert second.token_ids == first.token_ids == plain_greedy(target, prompt.tolist(), 40)
+    generator.generate(input_ids=prompt, max_new_tokens=20, drafter="ngram")
+    generator.generate(input_ids=prompt, max_new_tokens=20, do_sample=True, seed=0)
+    assert set(generator.learned_budget) == {("talon", "model", False), ("talon", "ngram", False),
+                                             ("talon", "model", True)}

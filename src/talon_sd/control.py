@@ -112,6 +112,7 @@ Settings are a frozen :class:`ControllerSettings`; bad values raise
 
 from __future__ import annotations
 
+import copy
 import math
 from bisect import bisect_left, bisect_right
 from collections import Counter, deque
@@ -628,6 +629,24 @@ class BudgetController:
         self._probes = Counter()
         self._growth_checks = 0
         self._early_stops = 0
+
+    def for_next_sequence(self) -> "BudgetController":
+        """A copy of this controller to run the next generation with (this one is left unchanged).
+
+        What was learned carries over: the cost curves, the acceptance samples (their ages go on
+        counting, so they fade with ``half_life`` as the new sequence brings its own), the calibration,
+        the current choice and the probe schedule. Improvement over starting each call afresh: requests
+        are short (a QA answer is 5-20 verify steps), and a fresh controller spends its first steps
+        trusting an initial budget and probing twice that, which on such requests is a fifth or more of
+        all steps (docs/BENCHMARKS.md section 5). Only what belongs to one sequence is reset: the planned
+        budget and the drafter's catch-up flag (a new sequence's drafter starts from its own prefill)."""
+        follower = copy.deepcopy(self)
+        follower._planned = None
+        follower._previous_plain = False
+        follower._histogram = Counter()
+        follower._probes = Counter()
+        follower._growth_checks = follower._early_stops = 0
+        return follower
 
     @property
     def choice(self) -> int:

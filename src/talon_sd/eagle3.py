@@ -183,9 +183,20 @@ class Eagle3Head(nn.Module):
         self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
         self.rotary = LlamaRotaryEmbedding(config.llama_config())
+        # float32 master copies of the rotary frequencies (not buffers: casts leave them alone), see _apply
+        self._rotary_float32 = {name: buffer.detach().clone().float() for name, buffer in self.rotary.named_buffers()}
         self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.ones(config.vocab_size, dtype=torch.bool) if config.draft_vocab_size ==
                              config.vocab_size else torch.zeros(config.vocab_size, dtype=torch.bool))
+
+    def _apply(self, fn, recurse=True):
+        """Moves and casts keep the rotary frequencies in float32, as vLLM and SGLang compute RoPE: a bf16
+        head would otherwise round them (2^-9 relative), turning far positions by a wrong angle."""
+        super()._apply(fn, recurse)
+        device = self.rotary.inv_freq.device
+        for name, frequencies in self._rotary_float32.items():
+            setattr(self.rotary, name, frequencies.to(device))
+        return self
 
     # ------------------------------------------------------------------ one draft step, in parts
     def project(self, features: torch.Tensor) -> torch.Tensor:
@@ -280,7 +291,7 @@ def load_eagle3_head(source: str | pathlib.Path, target_model) -> Eagle3Head:
     if config.vocab_size != target_vocab:
         raise TalonError(f"draft: the head's vocab_size is {config.vocab_size}, the target's is {target_vocab}")
     layers = int(target_text.num_hidden_layers)
-    if any(not 0 <= layer <= layers for layer in config.aux_layers) or len(config.aux_layers) != 3:
+    if any(not 0 <= layer < layers for layer in config.aux_layers) or len(config.aux_layers) != 3:
         raise TalonError(f"draft: aux layers {list(config.aux_layers)} do not fit a target of {layers} layers")
     tensors = _canonical_names(_read_tensors(folder))
     missing = [name for name in REQUIRED_TENSORS if name not in tensors]

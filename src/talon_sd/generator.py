@@ -204,8 +204,9 @@ class SpeculativeGenerator:
                                            or not 1 <= initial_budget <= MAX_AUTO_BUDGET):
             raise bad_argument("initial_budget", initial_budget, f"an integer in [1, {MAX_AUTO_BUDGET}]")
         self.initial_budget = initial_budget
-        self.cost_prior = cost_prior  # updated after each auto-budget generation (this machine's costs)
-        self.learned_budget: dict[str, int] = {}  # method -> the controller's last choice, the next call's start
+        self.cost_prior = cost_prior  # the first controller's costs (e.g. a ``talon tune`` profile); then measured
+        # (method, drafter, sampled) -> the last auto-budget generation's controller: the next call's start
+        self._learned: dict[tuple[str, str, bool], "BudgetController"] = {}
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ public calls
@@ -258,10 +259,11 @@ class SpeculativeGenerator:
         stop = self._stop_condition(prompt_ids, tree_config, generation)
         drafter = self._drafter(tree_config, drafter_name)
         target = CausalLM(self.target_model, role="target")
-        controller = self._controller(tree_config, sampling)
+        controller = self._controller(tree_config, sampling, drafter_name)
         stats = DecodeStats(method=tree_config.label)
         pipeline = Pipeline(target, drafter, make_builder(tree_config), sampling, controller)
-        return self._remember_costs(decode(pipeline, prompt_ids, stop, stats), controller, tree_config.method), stats, stop
+        key = (tree_config.method, drafter_name, not sampling.greedy)
+        return self._remember_controller(decode(pipeline, prompt_ids, stop, stats), controller, key), stats, stop
 
     def _stop_condition(self, prompt_ids: torch.Tensor, tree_config: TreeConfig, generation: GenerationConfig):
         """Checks the prompt against the target's and the draft's contexts; lowers max_new_tokens (with a
@@ -289,32 +291,43 @@ class SpeculativeGenerator:
             length_reason=reason,
         )
 
-    def _controller(self, tree_config: TreeConfig, sampling: SamplingConfig) -> "BudgetController | None":
+    def _controller(self, tree_config: TreeConfig, sampling: SamplingConfig, drafter: str) -> "BudgetController | None":
+        """A controller for one auto-budget call: the previous call's with the same method, drafter and
+        sampling mode, carried over (:meth:`BudgetController.for_next_sequence`), else a new one seeded
+        with ``initial_budget`` and the costs last measured with this drafter (or ``cost_prior``)."""
         if not tree_config.auto:
             return None
         from .control import BudgetController, ControllerSettings
 
+        key = (tree_config.method, drafter, not sampling.greedy)
         with self._lock:
-            learned = self.learned_budget.get(tree_config.method)
-        initial = self.initial_budget or learned or _initial_budget(tree_config.method)
+            learned = self._learned.get(key)
+            if learned is not None:
+                return learned.for_next_sequence()
+            same_drafter = [c for (_, name, _), c in self._learned.items() if name == drafter]
+            prior = same_drafter[-1].cost_prior() if same_drafter else self.cost_prior
+        initial = self.initial_budget or _initial_budget(tree_config.method)
         settings = ControllerSettings(max_budget=MAX_AUTO_BUDGET if tree_config.method != "chain" else 17,
                                       initial_budget=min(initial, 17) if tree_config.method == "chain" else initial)
-        with self._lock:
-            prior = self.cost_prior
         return BudgetController(settings, prior)
 
-    def _remember_costs(self, tokens: Iterator[int], controller: "BudgetController | None", method: str) -> Iterator[int]:
-        """Pass ``tokens`` through; afterwards keep the controller's measured costs, and its last choice of
-        budget, to start the next call's controller (this machine's costs do not change between prompts)."""
+    def _remember_controller(self, tokens: Iterator[int], controller: "BudgetController | None",
+                             key: tuple[str, str, bool]) -> Iterator[int]:
+        """Pass ``tokens`` through; afterwards keep the controller (its costs, acceptance samples and choice)
+        to start the next call with the same key: this machine's costs do not change between prompts,
+        and requests are often too short for a fresh controller to settle."""
         try:
             yield from tokens
         finally:
-            if controller is not None:
-                prior = controller.cost_prior()
+            if controller is not None and controller.cost_prior() is not None:
                 with self._lock:
-                    if prior is not None:
-                        self.cost_prior = prior
-                    self.learned_budget[method] = controller.choice
+                    self._learned[key] = controller
+
+    @property
+    def learned_budget(self) -> dict[tuple[str, str, bool], int]:
+        """(method, drafter, sampled) -> the budget the last auto-budget call of that kind settled on."""
+        with self._lock:
+            return {key: controller.choice for key, controller in self._learned.items()}
 
     def _chunks(self, tokens: Iterator[int], stats: DecodeStats, stream: TextStream, stop: StopCondition) -> Iterator[str]:
         token_ids: list[int] = []

@@ -262,9 +262,10 @@ class Trainer:
             logits = ttt_forward(self.head, _to(batch, self.device))
         loss = ttt_loss(logits, batch, self.config.step_weight)
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.parameters, self.config.grad_clip)
-        self.optimizer.step()
+        if loss.requires_grad:  # a batch with no loss row (every teacher argmax outside the draft vocabulary)
+            loss.backward()     # has nothing to learn: the schedule still advances, so a resume does not stall
+            torch.nn.utils.clip_grad_norm_(self.parameters, self.config.grad_clip)
+            self.optimizer.step()
         self.scheduler.step()
         return float(loss.detach()), batch.tokens_count
 
@@ -330,8 +331,8 @@ def _to(batch, device: torch.device):
 
 
 def prepare_head_for_training(head: Eagle3Head) -> Eagle3Head:
-    """float32 trainable weights (the frozen target embedding and the RoPE table keep the target's dtype, so
-    the rotary frequencies are exactly those of the head loaded for inference)."""
+    """float32 trainable weights (the frozen target embedding keeps the target's dtype; the rotary
+    frequencies are float32 in training and inference alike, :meth:`Eagle3Head._apply`)."""
     for parameter in head.trainable_parameters():
         parameter.data = parameter.data.float()
         parameter.requires_grad_(True)
