@@ -14,8 +14,10 @@ distribution exactly (see :mod:`talon_sd.verify`). Bad arguments raise :class:`T
 
 Isolation: every ``generate``/``stream`` call owns its decoding state (its own KV caches over the
 shared weights, its own drafter and budget controller), so streams can be interleaved or run from
-several threads without seeing each other's caches. What one call learns about this machine's
-forward costs seeds the next call's controller (the acceptance statistics are not carried over).
+several threads without seeing each other's caches. With ``budget="auto"`` each call starts from a copy
+of the controller the last finished call of the same method, drafter and sampling mode ended with
+(this machine's costs, the acceptance seen, the budget chosen): see
+:meth:`talon_sd.control.BudgetController.for_next_sequence`.
 
 Stop strings follow the OpenAI API: the text ends before the first stop string (the token ids
 include the token that completed it), and a stream never yields text that a stop string later cuts.
