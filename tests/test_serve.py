@@ -337,6 +337,7 @@ BAD_REQUESTS = [
     ("messages-past-context", "chat", chat_body(LONG_PROMPT), 400, "messages", "context_length_exceeded"),
     ("n-two", "chat", chat_body(n=2), 400, "n", None),
     ("seed-negative", "chat", chat_body(seed=-1), 400, "seed", None),
+    ("seed-huge", "chat", chat_body(seed=2**64), 400, "seed", None),
     ("stop-empty", "chat", chat_body(stop=[""]), 400, "stop", None),
     ("stop-wrong-type", "chat", chat_body(stop=[1]), 400, "stop", None),
     ("logprobs", "chat", chat_body(logprobs=True), 400, "logprobs", None),

@@ -166,7 +166,9 @@ class SamplingConfig:
             raise bad_argument("top_p", self.top_p, "a number in (0, 1]")
         _check_int("top_k", self.top_k, 0, "an integer >= 0 (0 = off)")
         if self.seed is not None:
-            _check_int("seed", self.seed, 0, "an integer >= 0")
+            _check_int("seed", self.seed, 0, "an integer in [0, 2**64)")
+            if self.seed >= 2**64:  # torch.Generator.manual_seed would fail mid-generation
+                raise bad_argument("seed", self.seed, "an integer in [0, 2**64)")
 
     @property
     def greedy(self) -> bool:
