@@ -13,7 +13,7 @@ from talon_sd.verify import Acceptance
 
 @torch.no_grad()
 def fresh_logits(model, ids):
-    return model(torch.tensor([ids])).logits[0, -1].float()
+    return model(torch.tensor([ids], device=model.device)).logits[0, -1].float()
 
 
 def random_tree(root: int, seed: int) -> DraftTree:
@@ -88,3 +88,24 @@ def test_draft_cache_follows_steps_that_draft_nothing(llama_pair):
         drafter.accept(tree, Acceptance([0], [], bonus))
         committed = committed + [bonus]
     assert drafter.lm.cache.length + len(drafter.pending) == len(committed)
+
+
+def test_draft_prompt_is_prefilled_by_the_first_draft_forward_only(llama_pair):
+    """An online budget that runs only plain steps must not pay the draft's prefill: ``start`` leaves the
+    draft cache empty, and the first expansion forwards the prompt and every token committed since."""
+    _, draft = llama_pair
+    drafter = ModelDrafter(draft)
+    committed = [5, 17, 33, 8, 21, 2]
+    drafter.start(torch.tensor(committed))
+    assert drafter.lm.cache.length == 0
+    for step in range(3):  # plain steps: still nothing forwarded
+        drafter.begin_step(committed[-1])
+        drafter.accept(DraftTree.root(committed[-1]), Acceptance([0], [], 9 + step))
+        committed = committed + [9 + step]
+    assert drafter.lm.cache.length == 0
+    drafter.begin_step(committed[-1])
+    root_log_p = drafter.expand(DraftTree.root(committed[-1]), torch.tensor([0]))
+    assert drafter.lm.cache.length == len(committed)
+    torch.testing.assert_close(root_log_p[0], torch.log_softmax(fresh_logits(draft, committed), -1), atol=1e-4, rtol=1e-4)
+    drafter.start(torch.tensor([3, 4]))  # a new generation forgets the old cache until it drafts
+    assert drafter.lm.cache.length == 0 and drafter.pending == [3, 4]

@@ -145,7 +145,7 @@ def test_exported_head_reproduces_greedy_and_accepts_drafts(target, store, train
     folder = export_head(head, tmp_path / "head", {"validation": result.curve})
     assert json.loads((folder / "training.json").read_text())["validation"][-1]["epoch"] == TRAIN.epochs
     loaded = load_eagle3_head(folder, target)
-    assert torch.equal(loaded.target_ids(), store.draft_ids)
+    assert torch.equal(loaded.target_ids().cpu(), store.draft_ids)
     generator = torch.Generator().manual_seed(123)  # prompts like the training ones, never seen
     trained_mat, random_mat = [], []
     random_head = init_eagle3_head(target, store.draft_ids, store.aux_layers, seed=7).float()
@@ -317,9 +317,12 @@ def test_bad_data_arguments_and_benchmark_prompts_are_refused(source_dir, tmp_pa
     with pytest.raises(TalonError, match=r"leaked.jsonl:2 is a prompt of the benchmark sets"):
         read_prompt_file(leaked, PromptPool())
     broken = tmp_path / "broken.jsonl"
-    broken.write_text('{"text": "no turns"}\n')
+    broken.write_text('{"body": "no turns"}\n')
     with pytest.raises(TalonError, match=r"broken.jsonl:1 has no \"turns\""):
         read_prompt_file(broken, PromptPool())
+    reused = tmp_path / "reused.jsonl"  # a data stage's own prompts.jsonl seeds another run
+    reused.write_text(json.dumps({"index": 0, "source": "self", "text": "Sort a list in Python."}) + "\n")
+    assert read_prompt_file(reused, PromptPool()) == ["Sort a list in Python."]
 
 
 def test_cli_runs_every_stage_then_skips_them_and_refuses_other_settings(model_folder, source_dir, tmp_path, capsys):

@@ -63,8 +63,9 @@ Design ("Improvement" marks where this goes past the obvious recipe)
    verify(1) is not known (step 0 runs ``initial_budget``), and a plain step re-measures it every
    ``plain_refresh_interval`` steps. A *trial* runs the probe budget for ``probe_steps`` steps (more
    while it has fewer than ``min_steps`` samples); a probe of size P informs every candidate <= P at
-   once. The probe is the smallest candidate >= ``probe_factor`` x the choice (from plain,
-   ``plain_probe_budget``). Trials start ``min_probe_interval`` steps apart; the interval doubles each
+   once. The probe is the smallest candidate >= ``probe_factor`` x the choice and >= ``initial_budget``
+   (from plain, ``plain_probe_budget``): from a choice that fell to N = 2-3 after a poor stretch,
+   twice the choice is too small to show what the budgets it left would do (alpaca, section 5). Trials start ``min_probe_interval`` steps apart; the interval doubles each
    time a trial does not move the choice up, up to ``max_probe_interval``, and resets when one does.
    Improvements: (a) each lost trial aims twice as far as the last (``probe_levels`` levels, then
    over), because the rate need not be unimodal in N: on the measured float32 CPU curve with code-like
@@ -319,6 +320,7 @@ class ControllerSettings:
     half_life               steps after which a sample's weight halves
     min_steps               samples before a candidate's rate is trusted
     probe_factor            a trial probes the smallest candidate >= probe_factor x the current choice
+                            (and >= initial_budget)
     plain_probe_budget      ... and from plain (N = 1), the smallest candidate >= this
     probe_levels            after a lost trial the next probes twice as far, up to 2 ** (levels - 1) x
     probe_steps             steps per trial (more while the probe has fewer than min_steps samples)
@@ -617,7 +619,7 @@ class BudgetController:
         self._version = 0  # bumped at every observe (invalidates the per-sample caches)
         self._choice = settings.initial_budget
         self._planned: int | None = None
-        self._previous_plain = False  # the last step ran no draft forward (the drafter has tokens to catch up)
+        self._previous_plain = True  # the drafter has tokens to catch up (its prompt; a plain step's tokens)
         self._last_plain = 0
         self._interval = settings.min_probe_interval
         self._next_trial = settings.min_probe_interval
@@ -638,11 +640,17 @@ class BudgetController:
         the current choice and the probe schedule. Improvement over starting each call afresh: requests
         are short (a QA answer is 5-20 verify steps), and a fresh controller spends its first steps
         trusting an initial budget and probing twice that, which on such requests is a fifth or more of
-        all steps (docs/BENCHMARKS.md section 5). Only what belongs to one sequence is reset: the planned
-        budget and the drafter's catch-up flag (a new sequence's drafter starts from its own prefill)."""
+        all steps (docs/BENCHMARKS.md section 5). What belongs to one sequence is reset: the planned
+        budget and the drafter's catch-up flag (a new sequence's drafter starts with its prompt to
+        forward). Tried and left out: resetting the probe schedule per request (short requests on
+        hostile costs then probe in every request: 0.91 of plain against 0.95 carried, in
+        tests/test_control.py's world), and ageing the carried samples by a gap at each request (on a
+        synthetic switch from code to 6-step chat requests, 5 seeds: 0.87-0.88 of the best fixed N for
+        gaps of 16-32 steps against 0.89 without, and 0.94-0.95 of plain on the hostile costs against
+        0.955)."""
         follower = copy.deepcopy(self)
         follower._planned = None
-        follower._previous_plain = False
+        follower._previous_plain = True  # the new sequence's drafter starts with its prompt to forward
         follower._histogram = Counter()
         follower._probes = Counter()
         follower._growth_checks = follower._early_stops = 0
@@ -910,7 +918,9 @@ class BudgetController:
         """Begin a trial at the probe budget and return it; the current choice when every probe is dominated."""
         settings, choice = self.settings, self._choice
         above = [k for k in self.candidates if k > choice]
-        base = settings.plain_probe_budget if choice == 1 else settings.probe_factor * choice
+        # from a tiny choice (2-3), twice the choice says nothing of the larger budgets left behind
+        base = settings.plain_probe_budget if choice == 1 else max(settings.probe_factor * choice,
+                                                                   settings.initial_budget)
         target = base * 2 ** self._probe_level  # each lost trial probes twice as far, then starts over
         top = next((k for k in above if k >= target), above[-1])
         reference = self._rates.get(choice)

@@ -15,7 +15,9 @@ class ModelDrafter(Drafter):
 
         [ committed prefix, root included | forwarded tree nodes, in the order they were expanded ]
 
-    The first ``expand`` of a step forwards the committed tokens not yet in the cache (the root,
+    ``start`` only resets the cache: the prompt is prefilled by the generation's first ``expand`` (an
+    online budget that runs plain steps only, on hardware where drafting does not pay, never pays the
+    draft's prefill either). The first ``expand`` of a step forwards the committed tokens not yet in the cache (the root,
     plus any accepted tokens that were never forwarded, plus every token of steps that drafted
     nothing) and returns the root's distribution; each later ``expand`` is one batched forward over
     the new frontier with a tree mask (every node sees the prefix and its own ancestors). ``accept``
@@ -35,10 +37,12 @@ class ModelDrafter(Drafter):
         self.slot_nodes: list[int] = []  # tree node held in each cache row after the prefix
         self.prefix_length = 0  # cache rows of committed tokens during this step
         self.drafted = False  # whether this step ran an expand
+        self.prefilled = False  # whether the prompt is in the cache (done lazily by the first expand)
 
     def start(self, prompt_ids, features=None):
-        self.lm.prefill(prompt_ids[:-1])
-        self.pending = [int(prompt_ids[-1])]
+        self.lm.reset()  # the prompt is forwarded at the first expand: a generation of plain steps never pays for it
+        self.pending = [int(token) for token in prompt_ids.tolist()]
+        self.prefilled = False
         self.slot_nodes, self.drafted = [], False
 
     def begin_step(self, root_token):
@@ -50,6 +54,9 @@ class ModelDrafter(Drafter):
         if not self.drafted:  # first forward of the step: the committed tokens not in the cache yet, root last
             if nodes.tolist() != [0]:
                 raise RuntimeError("ModelDrafter: the first expand of a step must be the root")
+            if not self.prefilled:  # the generation's first draft forward: the prompt, decoder stack only
+                self.lm.prefill(torch.tensor(self.pending[:-1], dtype=torch.long))
+                self.pending, self.prefilled = self.pending[-1:], True
             logits = self.lm.forward(torch.tensor(self.pending, device=self.lm.device), last_only=True)  # [1, V_draft]
             self.pending, self.drafted = [], True
             self.prefix_length = self.lm.cache.length

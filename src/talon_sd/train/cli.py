@@ -48,6 +48,10 @@ def register(commands) -> None:
     parser.add_argument("--dtype", default=None, help="auto (default), float32 or bfloat16: the target's dtype")
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if present)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--cpu-kernels", default="auto", choices=("auto", "default"),
+                        help="auto (default): oneDNN-packed float32 linears in the target's decoder on CPU for the "
+                             "data and features stages (about 2-3x faster batched forwards on AVX2 CPUs); "
+                             "default: torch's own kernels")
     data = parser.add_argument_group("data")
     data.add_argument("--prompts", action="append", default=None, metavar="FILE.jsonl",
                       help='prompts, one JSON object a line with "turns": [...] or "prompt": "..." (repeatable)')
@@ -217,6 +221,11 @@ def command_line(plan: RunPlan) -> str:
     return shlex.join(str(word) for word in words)
 
 
+def stages_need_target_forwards(stages) -> bool:
+    """Whether the target runs forwards in these stages (data: generation; features: teacher forcing)."""
+    return "data" in stages or "features" in stages
+
+
 def run_train_head(args: argparse.Namespace) -> int:
     from ..cli import configure_torch
 
@@ -228,6 +237,12 @@ def run_train_head(args: argparse.Namespace) -> int:
     from ..models import load_model
 
     loaded = load_model(plan.target, dtype=plan.dtype, device=args.device)
+    if args.cpu_kernels == "auto" and stages_need_target_forwards(plan.stages()):
+        from ..lm import pack_linears_for_cpu
+
+        decoder = loaded.model.get_decoder() if hasattr(loaded.model, "get_decoder") else None
+        if decoder is not None:  # the output head stays a plain Linear: the features stage reads its rows
+            pack_linears_for_cpu(decoder)
     report = {"command": command_line(plan), "target": plan.target, "dtype": plan.dtype, "work": str(plan.work)}
     stages = plan.stages()
     if "data" in stages:

@@ -1,7 +1,8 @@
 """Where training prompts come from: user files, the target itself (Magpie), local source code.
 
 * **User files** (``--prompts FILE.jsonl``): one JSON object per line with ``"turns": [str, ...]``
-  (the first turn is used: a later turn needs the answer to the earlier one) or ``"prompt": str``.
+  (the first turn is used: a later turn needs the answer to the earlier one) or ``"prompt": str``
+  (or ``"text": str``, as in a data stage's own ``prompts.jsonl``, so one run's prompts seed another).
 * **Self-generated requests** (Xu et al., "Magpie", 2024): the target sees only its chat template's
   user-turn prefix (e.g. ``<|im_start|>system\\n...<|im_end|>\\n<|im_start|>user\\n``, found by
   rendering a sentinel user message and cutting at the sentinel) and samples until end of turn
@@ -116,7 +117,7 @@ def read_prompt_file(path: str | pathlib.Path, pool: PromptPool) -> list[str]:
             raise TalonError(f"prompts: {file}:{number} is not JSON") from None
         text = _prompt_text(record)
         if text is None:
-            raise TalonError(f"prompts: {file}:{number} has no \"turns\": [str, ...] or \"prompt\": str")
+            raise TalonError(f"prompts: {file}:{number} has no \"turns\": [str, ...], \"prompt\": str or \"text\": str")
         if pool.is_benchmark(text):
             raise TalonError(f"prompts: {file}:{number} is a prompt of the benchmark sets (talon_sd/data); "
                              "benchmark prompts are never used for training")
@@ -132,7 +133,7 @@ def _prompt_text(record) -> str | None:
     turns = record.get("turns")
     if isinstance(turns, list) and turns and isinstance(turns[0], str) and turns[0].strip():
         return turns[0]
-    prompt = record.get("prompt")
+    prompt = record.get("prompt", record.get("text"))  # "text": a data stage's own prompts.jsonl
     return prompt if isinstance(prompt, str) and prompt.strip() else None
 
 
