@@ -1,12 +1,18 @@
-"""Tiny random models built from a config in the test itself (no download), and the plain-greedy oracle."""
+"""Tiny random models built from a config in the test itself (no download), and the plain-greedy oracle.
+
+``TALON_TEST_DEVICE=cuda python -m pytest tests/test_oracle.py ...`` builds the tiny models on that device
+(default cpu), so the losslessness tests run on a GPU unchanged where one is lent."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 VOCAB = 96
+DEVICE = torch.device(os.environ.get("TALON_TEST_DEVICE", "cpu"))
 
 
 def tiny_model(kind: str = "llama", seed: int = 0, vocab: int = VOCAB, layers: int = 2):
@@ -23,7 +29,7 @@ def tiny_model(kind: str = "llama", seed: int = 0, vocab: int = VOCAB, layers: i
     # Sharpen the output so that greedy continuations are structured (repeats, confident runs).
     with torch.no_grad():
         model.lm_head.weight.mul_(6.0)
-    return model.eval().requires_grad_(False)
+    return model.eval().requires_grad_(False).to(DEVICE)
 
 
 def noisy_copy(model, noise: float, seed: int = 1):
@@ -34,7 +40,7 @@ def noisy_copy(model, noise: float, seed: int = 1):
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for parameter in draft.parameters():
-            parameter.add_(torch.randn(parameter.shape, generator=generator) * noise * parameter.std())
+            parameter.add_(torch.randn(parameter.shape, generator=generator).to(parameter.device) * noise * parameter.std())
     return draft
 
 
@@ -44,7 +50,7 @@ def plain_greedy(model, prompt: list[int], max_new_tokens: int, eos: int | None 
     ids = list(prompt)
     out = []
     for _ in range(max_new_tokens):
-        token = int(model(torch.tensor([ids])).logits[0, -1].argmax())
+        token = int(model(torch.tensor([ids], device=model.device)).logits[0, -1].argmax())
         out.append(token)
         ids.append(token)
         if eos is not None and token == eos:

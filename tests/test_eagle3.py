@@ -37,7 +37,8 @@ def test_export_round_trip_uses_the_official_names(head, target, tmp_path):
     folder = save_eagle3_head(head, tmp_path / "head", dtype=torch.float32)
     config = json.loads((folder / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["draft_vocab_size"] == VOCAB // 2
-    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 3, 3]
+    assert config["eagle_aux_hidden_state_layer_ids"] == [2, 3, 3]  # vLLM: the layers whose inputs are read
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 2]  # SGLang/SpecForge: outputs
     names = set(load_file(str(folder / "model.safetensors")))
     assert {"fc.weight", "midlayer.self_attn.q_proj.weight", "lm_head.weight", "d2t", "t2d"} <= names
     assert not any(name.startswith("embed_tokens") for name in names)
@@ -58,12 +59,38 @@ def test_vllm_naming_and_pytorch_bin_load_the_same_head(head, target, tmp_path):
     vllm = tmp_path / "vllm"
     vllm.mkdir()
     config = json.loads((folder / "config.json").read_text())
-    del config["eagle_config"]  # aux layers default to {2, L//2, L-3}
+    del config["eagle_config"]  # vLLM reads the top-level ids only
+    config["eagle_aux_hidden_state_layer_ids"] = [0, 1, 3]
     (vllm / "config.json").write_text(json.dumps(config))
     torch.save(renamed, vllm / "pytorch_model.bin")
     loaded = load_eagle3_head(vllm, target)
+    assert loaded.config.aux_layers == (0, 1, 3)
     for name, tensor in head.state_dict().items():
         torch.testing.assert_close(loaded.state_dict()[name], tensor)
+
+
+@pytest.mark.parametrize("keys,expected", [
+    ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 2]}}, (1, 2, 3)),  # SpecForge/SGLang: outputs
+    ({"eagle_aux_hidden_state_layer_ids": [1, 2, 3], "eagle_config": {"eagle_aux_hidden_state_layer_ids": [9, 9, 9]}},
+     (1, 2, 3)),  # the top-level (vLLM, inputs) key wins
+    ({}, (2, 3, 3)),  # neither: {2, L//2, L-3} of the 6-layer target
+])
+def test_aux_layer_ids_are_read_in_each_published_convention(head, target, tmp_path, keys, expected):
+    folder = save_eagle3_head(head, tmp_path / "head", dtype=torch.float32)
+    config = json.loads((folder / "config.json").read_text())
+    config.pop("eagle_config")
+    config.pop("eagle_aux_hidden_state_layer_ids")
+    (folder / "config.json").write_text(json.dumps(config | keys))
+    assert load_eagle3_head(folder, target).config.aux_layers == expected
+
+
+def test_export_replaces_an_older_heads_pytorch_bin(head, target, tmp_path):
+    folder = tmp_path / "head"
+    folder.mkdir()
+    torch.save({"fc.weight": torch.zeros(1)}, folder / "pytorch_model.bin")  # would be read before the safetensors
+    save_eagle3_head(head, folder, dtype=torch.float32)
+    assert not (folder / "pytorch_model.bin").exists()
+    torch.testing.assert_close(load_eagle3_head(folder, target).fc.weight, head.fc.weight)
 
 
 @pytest.mark.parametrize("change,message", [
@@ -71,7 +98,9 @@ def test_vllm_naming_and_pytorch_bin_load_the_same_head(head, target, tmp_path):
     (lambda c, t: c.update(vocab_size=50), "vocab_size is 50"),
     (lambda c, t: t.pop("midlayer.mlp.up_proj.weight"), "lacks midlayer.mlp.up_proj.weight"),
     (lambda c, t: t.update({"fc.weight": torch.zeros(64, 100)}), "tensor fc.weight has shape"),
-    (lambda c, t: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[2, 3, 40]), "aux layers"),
+    (lambda c, t: c.update(eagle_aux_hidden_state_layer_ids=[2, 3, 40]), "aux layers"),
+    (lambda c, t: (c.pop("eagle_aux_hidden_state_layer_ids"),
+                   c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[2, 3, 39])), "aux layers"),
     (lambda c, t: t.pop("d2t"), "needs a d2t tensor"),
 ])
 def test_heads_that_do_not_fit_give_one_line_errors(head, target, tmp_path, change, message):
@@ -180,8 +209,8 @@ def test_sampling_with_an_eagle3_head_follows_the_target():
         head.lm_head.weight.mul_(40.0)  # a confident, different draft distribution
     prompt, sampling = [1, 4, 2], SamplingConfig(do_sample=True, temperature=1.0)
     with torch.no_grad():
-        first = warp(model(torch.tensor([prompt])).logits[0, -1], sampling)
-        joint = torch.stack([first[a] * warp(model(torch.tensor([prompt + [a]])).logits[0, -1], sampling)
+        first = warp(model(torch.tensor([prompt], device=model.device)).logits[0, -1].cpu(), sampling)
+        joint = torch.stack([first[a] * warp(model(torch.tensor([prompt + [a]], device=model.device)).logits[0, -1].cpu(), sampling)
                              for a in range(small)])
     counts = torch.zeros(small, small)
     for seed in range(1200):

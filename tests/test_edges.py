@@ -259,7 +259,7 @@ def test_onednn_packed_float32_models_decode_exactly(tmp_path, monkeypatch):
     from talon_sd.lm import pack_linears_for_cpu
 
     monkeypatch.setenv("TALON_SD_CACHE", str(tmp_path / "cache"))
-    target, draft = tiny_model("qwen2", seed=5), tiny_model("qwen2", seed=6)
+    target, draft = tiny_model("qwen2", seed=5).cpu(), tiny_model("qwen2", seed=6).cpu()  # packing is CPU-only
     packed_target, packed_draft = copy.deepcopy(target), copy.deepcopy(draft)
     assert pack_linears_for_cpu(packed_target) == 2 * 7 + 1 and pack_linears_for_cpu(packed_draft) == 15
     prompt = [5, 17, 33, 8, 5, 17]

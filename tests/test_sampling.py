@@ -33,7 +33,7 @@ def small_vocab_pair():
 @torch.no_grad()
 def exact_joint(model, sampling: SamplingConfig, prompt=PROMPT, length: int = 2) -> torch.Tensor:
     """[V] * length probability of the first ``length`` generated tokens under the target alone."""
-    first = warp(model(torch.tensor([prompt])).logits[0, -1], sampling)
+    first = warp(model(torch.tensor([prompt], device=model.device)).logits[0, -1].cpu(), sampling)
     if length == 1:
         return first
     return torch.stack([first[a] * exact_joint(model, sampling, prompt + [a], length - 1) for a in range(V)])

@@ -12,7 +12,11 @@ layer's own output hidden state back in place of ``fc(f)``.
 Checkpoint format (what SafeAILab/EAGLE, SpecForge, SGLang and vLLM read and write):
 
     config.json         Llama-style keys, num_hidden_layers 1, vocab_size (target), draft_vocab_size,
-                        optional target_hidden_size, eagle_config.eagle_aux_hidden_state_layer_ids
+                        optional target_hidden_size and aux layer ids in two conventions:
+                        eagle_aux_hidden_state_layer_ids (vLLM: the layers whose *inputs* are read, as
+                        here) and eagle_config.eagle_aux_hidden_state_layer_ids (SGLang, SpecForge: the
+                        layers whose *outputs* are read, i.e. ours minus one); both are written, the
+                        top-level key wins when reading
     model.safetensors   fc.weight [H, 3H_t], midlayer.{hidden_norm, input_layernorm,
     (or pytorch_model.bin)  post_attention_layernorm}.weight [H], midlayer.self_attn.{q,k,v,o}_proj.weight,
                         midlayer.mlp.{gate,up,down}_proj.weight, norm.weight, lm_head.weight [Vd, H],
@@ -94,8 +98,10 @@ class Eagle3Config:
             intermediate = int(data["intermediate_size"])
         except (KeyError, TypeError, ValueError) as error:
             raise TalonError(f"draft: {where} lacks a usable {error} (expected a Llama-style EAGLE-3 head config)") from None
-        eagle = data.get("eagle_config") or {}
-        aux = eagle.get("eagle_aux_hidden_state_layer_ids") or data.get("eagle_aux_hidden_state_layer_ids")
+        aux = data.get("eagle_aux_hidden_state_layer_ids")  # vLLM: layer inputs, our convention
+        nested = (data.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+        if aux is None and nested is not None:  # SGLang/SpecForge: layer outputs (the input of the next layer)
+            aux = [int(i) + 1 for i in nested]
         if aux is None:
             if target_config is None:
                 raise TalonError(f"draft: {where} names no aux layers and no target is given to default them")
@@ -123,7 +129,11 @@ class Eagle3Config:
             "target_hidden_size": self.target_hidden_size, "rms_norm_eps": self.rms_norm_eps,
             "rope_theta": self.rope_theta, "max_position_embeddings": self.max_position_embeddings,
             "hidden_act": self.hidden_act, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-            "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(self.aux_layers), "use_aux_hidden_state": True},
+            # two conventions for one set of layers: vLLM reads the top-level ids as layer inputs (ours);
+            # SGLang and SpecForge read eagle_config's as layer outputs and capture the input of id + 1
+            "eagle_aux_hidden_state_layer_ids": list(self.aux_layers),
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in self.aux_layers],
+                             "use_aux_hidden_state": True},
         }
 
     def llama_config(self):
@@ -209,7 +219,7 @@ class Eagle3Head(nn.Module):
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
         layer, config = self.midlayer, self.config
-        embedded = self.embed_tokens(token_ids.to(self.embed_tokens.weight.device)).to(hidden.dtype)
+        embedded = self.embed_tokens(token_ids.to(self.embed_tokens.weight.device)).to(hidden.device, hidden.dtype)
         inputs = torch.cat([layer.input_layernorm(embedded), layer.hidden_norm(hidden)], dim=-1)  # [T, 2H]
         count = inputs.shape[0]
         q = layer.self_attn.q_proj(inputs).view(count, config.num_attention_heads, config.head_dim).transpose(0, 1)
@@ -224,7 +234,7 @@ class Eagle3Head(nn.Module):
         groups = self.config.num_attention_heads // self.config.num_key_value_heads
         k = k.repeat_interleave(groups, dim=0)  # [heads, S, d]
         v = v.repeat_interleave(groups, dim=0)
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype))  # [heads, T, d]
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.device, q.dtype))  # [heads, T, d]
 
     def finish(self, hidden: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
         """Residual on ``hidden`` [T, H] plus the attention output, then the MLP: the step's output [T, H]."""
@@ -335,6 +345,7 @@ def save_eagle3_head(head: Eagle3Head, folder: str | pathlib.Path, dtype: torch.
             continue
         tensor = tensor.detach().cpu()
         tensors[name] = tensor.to(dtype) if tensor.is_floating_point() else tensor
+    (folder / "pytorch_model.bin").unlink(missing_ok=True)  # an older head's .bin would win over this export
     (folder / "config.json").write_text(json.dumps(head.config.to_json(), indent=2))
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / "model.safetensors"))
     return folder
@@ -360,7 +371,8 @@ def init_eagle3_head(target_model, draft_vocab: torch.Tensor | None = None, aux_
         head.t2d.zero_()
         head.t2d[used] = True
     head.embed_tokens.weight.requires_grad_(False)
-    return head.to(target_model.get_input_embeddings().weight.dtype)
+    embed = target_model.get_input_embeddings().weight
+    return head.to(device=embed.device, dtype=embed.dtype)  # beside the target (a GPU target trains on the GPU)
 
 
 def attention_bias(visible: torch.Tensor) -> torch.Tensor:
