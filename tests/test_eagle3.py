@@ -219,3 +219,28 @@ def test_sampling_with_an_eagle3_head_follows_the_target():
         counts[tokens[0], tokens[1]] += 1
     assert chi_square_p(counts, joint) > 1e-3
     assert counts.sum() == 1200
+
+
+def test_rope_scaling_of_a_published_head_is_kept(head, target, tmp_path):
+    """A Llama-3.1-style head states RoPE scaling (legacy "type" spelling too): the loaded head rotates with
+    it, and our export writes it back."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}
+    folder = save_eagle3_head(head, tmp_path / "head", dtype=torch.float32)
+    config = json.loads((folder / "config.json").read_text())
+    assert "rope_scaling" not in config  # plain RoPE writes none
+    legacy = {("type" if key == "rope_type" else key): value for key, value in scaling.items()}
+    (folder / "config.json").write_text(json.dumps(config | {"rope_scaling": legacy}))
+    loaded = load_eagle3_head(folder, target)
+    assert loaded.config.rope_scaling == scaling
+    reference = LlamaRotaryEmbedding(LlamaConfig(
+        hidden_size=loaded.config.hidden_size, num_attention_heads=loaded.config.num_attention_heads,
+        head_dim=loaded.config.head_dim, max_position_embeddings=loaded.config.max_position_embeddings,
+        rope_parameters=dict(scaling, rope_theta=loaded.config.rope_theta)))
+    torch.testing.assert_close(loaded.rotary.inv_freq.cpu(), reference.inv_freq.float())
+    assert not torch.allclose(loaded.rotary.inv_freq.cpu(), head.rotary.inv_freq.cpu())  # scaling changed RoPE
+    again = save_eagle3_head(loaded, tmp_path / "again", dtype=torch.float32)
+    assert json.loads((again / "config.json").read_text())["rope_scaling"] == scaling

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 import pathlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -68,6 +68,9 @@ class Eagle3Config:
     rope_theta: float = 10000.0
     max_position_embeddings: int = 32768
     hidden_act: str = "silu"
+    # RoPE scaling as transformers' rope_parameters name it, rope_theta left out (e.g. {"rope_type": "llama3",
+    # "factor": 8.0, ...} for Llama 3.1 heads); None: plain RoPE
+    rope_scaling: dict | None = field(default=None, compare=False)
 
     @classmethod
     def for_target(cls, target_config, draft_vocab_size: int, aux_layers: tuple[int, ...] | None = None) -> "Eagle3Config":
@@ -85,6 +88,7 @@ class Eagle3Config:
             rms_norm_eps=float(getattr(text, "rms_norm_eps", 1e-6)),
             rope_theta=float(rope.get("rope_theta", getattr(text, "rope_theta", 10000.0))),
             max_position_embeddings=int(getattr(text, "max_position_embeddings", 32768)),
+            rope_scaling=_rope_scaling(rope),
         )
 
     @classmethod
@@ -116,7 +120,7 @@ class Eagle3Config:
             rms_norm_eps=float(data.get("rms_norm_eps", 1e-6)),
             rope_theta=float(rope.get("rope_theta", data.get("rope_theta", 10000.0))),
             max_position_embeddings=int(data.get("max_position_embeddings", 32768)),
-            hidden_act=str(data.get("hidden_act", "silu")),
+            hidden_act=str(data.get("hidden_act", "silu")), rope_scaling=_rope_scaling(rope),
         )
 
     def to_json(self) -> dict:
@@ -129,6 +133,7 @@ class Eagle3Config:
             "target_hidden_size": self.target_hidden_size, "rms_norm_eps": self.rms_norm_eps,
             "rope_theta": self.rope_theta, "max_position_embeddings": self.max_position_embeddings,
             "hidden_act": self.hidden_act, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+            **({"rope_scaling": dict(self.rope_scaling)} if self.rope_scaling else {}),
             # two conventions for one set of layers: vLLM reads the top-level ids as layer inputs (ours);
             # SGLang and SpecForge read eagle_config's as layer outputs and capture the input of id + 1
             "eagle_aux_hidden_state_layer_ids": list(self.aux_layers),
@@ -143,8 +148,19 @@ class Eagle3Config:
             hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
             num_attention_heads=self.num_attention_heads, num_key_value_heads=self.num_key_value_heads,
             head_dim=self.head_dim, num_hidden_layers=1, vocab_size=self.vocab_size, rms_norm_eps=self.rms_norm_eps,
-            rope_theta=self.rope_theta, max_position_embeddings=self.max_position_embeddings, hidden_act=self.hidden_act,
+            max_position_embeddings=self.max_position_embeddings, hidden_act=self.hidden_act,
+            rope_parameters=dict(self.rope_scaling or {"rope_type": "default"}, rope_theta=self.rope_theta),
         )
+
+
+def _rope_scaling(rope: dict) -> dict | None:
+    """The scaling part of a config's rope_parameters / rope_scaling (legacy "type" read as "rope_type"),
+    or None for plain RoPE."""
+    rope = dict(rope or {})
+    if "type" in rope and "rope_type" not in rope:
+        rope["rope_type"] = rope.pop("type")
+    rope.pop("rope_theta", None)
+    return rope if rope.get("rope_type") not in (None, "default") else None
 
 
 class _Attention(nn.Module):
