@@ -5,6 +5,7 @@ from-scratch run of the head."""
 from __future__ import annotations
 
 import json
+import pathlib
 
 import pytest
 import torch
@@ -93,6 +94,23 @@ def test_export_replaces_an_older_heads_pytorch_bin(head, target, tmp_path):
     torch.testing.assert_close(load_eagle3_head(folder, target).fc.weight, head.fc.weight)
 
 
+def test_an_interrupted_export_leaves_the_previous_head_whole(head, target, tmp_path, monkeypatch):
+    folder = save_eagle3_head(head, tmp_path / "head", dtype=torch.float32)
+    before = (folder / "model.safetensors").read_bytes(), (folder / "config.json").read_text()
+    import safetensors.torch
+
+    def crash(tensors, path, *args, **kwargs):
+        pathlib.Path(path).write_bytes(b"half a file")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(safetensors.torch, "save_file", crash)
+    with pytest.raises(KeyboardInterrupt):
+        save_eagle3_head(head, folder, dtype=torch.float32)
+    assert ((folder / "model.safetensors").read_bytes(), (folder / "config.json").read_text()) == before
+    monkeypatch.undo()
+    torch.testing.assert_close(load_eagle3_head(folder, target).fc.weight, head.fc.weight)
+
+
 @pytest.mark.parametrize("change,message", [
     (lambda c, t: c.update(target_hidden_size=32), "reads target hidden size 32"),
     (lambda c, t: c.update(vocab_size=50), "vocab_size is 50"),
@@ -102,6 +120,7 @@ def test_export_replaces_an_older_heads_pytorch_bin(head, target, tmp_path):
     (lambda c, t: (c.pop("eagle_aux_hidden_state_layer_ids"),
                    c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[2, 3, 39])), "aux layers"),
     (lambda c, t: t.pop("d2t"), "needs a d2t tensor"),
+    (lambda c, t: t["t2d"].copy_(torch.roll(t["t2d"], 1)), "t2d does not mark exactly"),
 ])
 def test_heads_that_do_not_fit_give_one_line_errors(head, target, tmp_path, change, message):
     folder = save_eagle3_head(head, tmp_path / "head", dtype=torch.float32)

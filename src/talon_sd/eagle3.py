@@ -30,6 +30,7 @@ KV cache, and ``talon train-head`` (:mod:`talon_sd.train`) trains it.
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 from dataclasses import dataclass, field
 
@@ -331,10 +332,15 @@ def load_eagle3_head(source: str | pathlib.Path, target_model) -> Eagle3Head:
             raise TalonError("draft: the head's embed_tokens does not match the target's embedding")
     head = Eagle3Head(config, embed)
     state = {name: tensor for name, tensor in tensors.items() if name != "embed_tokens.weight" and name != "t2d"}
-    if "t2d" not in state and "d2t" in state:
-        t2d = torch.zeros(config.vocab_size, dtype=torch.bool)
-        t2d[torch.arange(config.draft_vocab_size) + state["d2t"].long()] = True
-        state["t2d"] = t2d
+    if "d2t" in state:  # t2d follows from d2t; a stored t2d must agree with it
+        ids = torch.arange(config.draft_vocab_size) + state["d2t"].long()
+        if tuple(ids.shape) == (config.draft_vocab_size,) and int(ids.min()) >= 0 and int(ids.max()) < config.vocab_size:
+            t2d = torch.zeros(config.vocab_size, dtype=torch.bool)
+            t2d[ids] = True
+            stored = tensors.get("t2d")
+            if stored is not None and (tuple(stored.shape) != (config.vocab_size,) or not torch.equal(stored.bool(), t2d)):
+                raise TalonError("draft: the head's t2d does not mark exactly the target ids its d2t maps to")
+            state["t2d"] = t2d
     elif "t2d" in tensors:
         state["t2d"] = tensors["t2d"].bool()
     expected = {name: tuple(p.shape) for name, p in head.state_dict().items() if not name.startswith(("embed_tokens", "rotary"))}
@@ -362,8 +368,12 @@ def save_eagle3_head(head: Eagle3Head, folder: str | pathlib.Path, dtype: torch.
         tensor = tensor.detach().cpu()
         tensors[name] = tensor.to(dtype) if tensor.is_floating_point() else tensor
     (folder / "pytorch_model.bin").unlink(missing_ok=True)  # an older head's .bin would win over this export
-    (folder / "config.json").write_text(json.dumps(head.config.to_json(), indent=2))
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / "model.safetensors"))
+    # written beside, then renamed: an interrupted export leaves the previous head whole, never half a file
+    partial_weights, partial_config = folder / "model.safetensors.partial", folder / "config.json.partial"
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(partial_weights))
+    partial_config.write_text(json.dumps(head.config.to_json(), indent=2))
+    os.replace(partial_weights, folder / "model.safetensors")
+    os.replace(partial_config, folder / "config.json")
     return folder
 
 
