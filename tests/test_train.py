@@ -187,6 +187,20 @@ def test_resume_after_an_interrupt_gives_the_same_weights(target, store, tmp_pat
     assert "\n" not in str(caught.value) and str(caught.value).startswith("work: ")
 
 
+def test_precision_auto_is_stored_resolved_so_another_cpu_cannot_switch_it(target, store, tmp_path, monkeypatch):
+    config = TrainConfig(epochs=1, lr=3e-3, batch_tokens=384, val_fraction=0.1, precision="auto")
+    monkeypatch.setattr(TrainConfig, "autocast_bfloat16", lambda self, device: True)  # a CPU fast at bf16
+    Trainer(fresh_head(target, store), store, config, tmp_path, {}, progress=False)
+    stored = json.loads((tmp_path / "train" / "settings.json").read_text())
+    assert stored["train"]["precision"] == "bfloat16"
+    monkeypatch.setattr(TrainConfig, "autocast_bfloat16", lambda self, device: False)  # resumed on an AVX2-only CPU
+    with pytest.raises(TalonError, match='train.precision "bfloat16" -> "float32"'):
+        Trainer(fresh_head(target, store), store, config, tmp_path, {}, progress=False)
+    monkeypatch.undo()
+    explicit = TrainConfig(epochs=1, lr=3e-3, batch_tokens=384, val_fraction=0.1, precision="bfloat16")
+    assert Trainer(fresh_head(target, store), store, explicit, tmp_path, {}, progress=False).bfloat16
+
+
 def test_ctrl_c_stops_after_the_running_step_with_a_checkpoint(target, store, tmp_path):
     import os
     import signal

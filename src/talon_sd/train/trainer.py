@@ -171,10 +171,13 @@ class Trainer:
                  progress: bool = True) -> None:
         self.head, self.store, self.config, self.progress = head, store, config, progress
         self.folder = pathlib.Path(work) / "train"
-        check_settings(self.folder, upstream | {"train": config.settings()}, "train")
-        self.log = JsonlLog(pathlib.Path(work) / LOG_FILE)
         self.device = head.fc.weight.device
         self.bfloat16 = config.autocast_bfloat16(self.device)
+        # "auto" is stored resolved: a run resumed on a CPU of another kind keeps its precision (--resume)
+        # or is refused, rather than switching precision halfway
+        settings = config.settings() | {"precision": "bfloat16" if self.bfloat16 else "float32"}
+        check_settings(self.folder, upstream | {"train": settings}, "train")
+        self.log = JsonlLog(pathlib.Path(work) / LOG_FILE)
         self.train, self.val = split_samples(store, config.val_fraction, config.seed)
         self.plan = [epoch_batches(self.train, store.lengths, config.batch_tokens, config.seed, epoch)
                      for epoch in range(config.epochs)]
