@@ -140,6 +140,20 @@ def test_training_raises_validation_agreement_well_above_a_random_head(trained):
     assert any(r["kind"] == "train" for r in logged)
 
 
+def test_head_init_from_target_starts_from_the_targets_output_layer(target, store):
+    head = init_eagle3_head(target, store.draft_ids, store.aux_layers, seed=0, output_from_target=True)
+    torch.testing.assert_close(head.norm.weight, target.get_decoder().norm.weight, rtol=0, atol=0)
+    ids = torch.tensor([random_prompt(torch.Generator().manual_seed(4))], device=head.fc.weight.device)
+    with torch.no_grad():
+        out = target(ids, output_hidden_states=True)
+        final = out.hidden_states[-1]  # [1, T, H] after the target's final norm
+        # the copied rows turn the target's final hidden state into its logits over the draft vocabulary
+        torch.testing.assert_close(head.lm_head(final), out.logits[..., store.draft_ids.to(ids.device)])
+    random = init_eagle3_head(target, store.draft_ids, store.aux_layers, seed=0)
+    assert not torch.equal(random.lm_head.weight, head.lm_head.weight)
+    assert torch.equal(random.fc.weight, head.fc.weight)  # only the output layer differs
+
+
 def test_exported_head_reproduces_greedy_and_accepts_drafts(target, store, trained, tmp_path):
     head, result, _ = trained
     folder = export_head(head, tmp_path / "head", {"validation": result.curve})
@@ -349,6 +363,9 @@ def test_cli_runs_every_stage_then_skips_them_and_refuses_other_settings(model_f
     report = json.loads((out / "training.json").read_text())
     assert report["draft_vocab"] == 40 and report["ttt_steps"] == 3 and report["data"]["samples"] >= 4
     assert report["command"].startswith("talon train-head --target ") and len(report["validation"]) == 2
+    train_settings = report["settings"]["train"]
+    assert train_settings["head_init"] == "target" and train_settings["precision"] in ("bfloat16", "float32")
+    assert f"--precision {train_settings['precision']} --head-init target" in report["command"]
     assert load_eagle3_head(out, tiny_model("llama", seed=3, vocab=64, layers=6)).config.draft_vocab_size == 40
     log = (work / "train_log.jsonl").read_text()
 

@@ -377,9 +377,14 @@ def save_eagle3_head(head: Eagle3Head, folder: str | pathlib.Path, dtype: torch.
     return folder
 
 
-def init_eagle3_head(target_model, draft_vocab: torch.Tensor | None = None, aux_layers=None, seed: int = 0) -> Eagle3Head:
+def init_eagle3_head(target_model, draft_vocab: torch.Tensor | None = None, aux_layers=None, seed: int = 0,
+                     output_from_target: bool = False) -> Eagle3Head:
     """A fresh head for ``target_model``: ``draft_vocab`` [Vd] sorted target ids (None: the full vocabulary),
-    weights initialised like a Llama layer (normal std 0.02, norms at 1)."""
+    weights initialised like a Llama layer (normal std 0.02, norms at 1). ``output_from_target``: the
+    head's ``lm_head`` starts from the target's output rows of the draft vocabulary and its final ``norm``
+    from the target's final norm (the head's hidden size is the target's), so training starts from "predict
+    the target's last hidden state" rather than from a random vocabulary projection (vLLM's speculators
+    initialise their EAGLE-3 drafts the same way)."""
     target_vocab = int(target_model.get_input_embeddings().weight.shape[0])
     used = torch.arange(target_vocab) if draft_vocab is None else torch.as_tensor(draft_vocab, dtype=torch.long).sort().values
     config = Eagle3Config.for_target(target_model.config, int(used.numel()), aux_layers)
@@ -396,6 +401,17 @@ def init_eagle3_head(target_model, draft_vocab: torch.Tensor | None = None, aux_
         head.d2t.copy_(used - torch.arange(used.numel()))
         head.t2d.zero_()
         head.t2d[used] = True
+        if output_from_target:
+            output = target_model.get_output_embeddings()
+            decoder = target_model.get_decoder() if hasattr(target_model, "get_decoder") else None
+            final_norm = getattr(decoder, "norm", None)
+            if output is None or final_norm is None or getattr(final_norm, "weight", None) is None:
+                raise TalonError("head-init: the target has no output embedding and final norm to start the head "
+                                 "from; use --head-init random")
+            rows = output.weight.detach()[used.to(output.weight.device)]  # [Vd, H]
+            head.lm_head.weight.copy_(rows.to(device=head.lm_head.weight.device, dtype=head.lm_head.weight.dtype))
+            head.norm.weight.copy_(final_norm.weight.detach().to(device=head.norm.weight.device,
+                                                                 dtype=head.norm.weight.dtype))
     head.embed_tokens.weight.requires_grad_(False)
     embed = target_model.get_input_embeddings().weight
     return head.to(device=embed.device, dtype=embed.dtype)  # beside the target (a GPU target trains on the GPU)

@@ -33,7 +33,7 @@ SETTING_FLAGS = {
     "seed": ("data", "seed"), "draft_vocab": ("features", "draft_vocab"), "aux_layers": ("features", "aux_layers"),
     "ttt_steps": ("train", "ttt_steps"), "epochs": ("train", "epochs"), "lr": ("train", "lr"),
     "batch_tokens": ("train", "batch_tokens"), "val_fraction": ("train", "val_fraction"),
-    "precision": ("train", "precision"),
+    "precision": ("train", "precision"), "head_init": ("train", "head_init"),
 }
 
 
@@ -78,6 +78,10 @@ def register(commands) -> None:
     train.add_argument("--val-fraction", type=float, default=None, help="held-out share of the samples (default 0.05)")
     train.add_argument("--precision", default=None, choices=("auto", "float32", "bfloat16"),
                        help="auto (default): bf16 autocast where the CPU is fast at it")
+    train.add_argument("--head-init", default=None, choices=("target", "random"),
+                       help="target (default): the head's lm_head starts from the target's output rows of the draft "
+                            "vocabulary and its final norm from the target's (as vLLM's speculators does); random: "
+                            "both from scratch")
     train.add_argument("--checkpoint-every", type=int, default=50, help="steps between checkpoints (default 50)")
     parser.add_argument("--seed", type=int, default=None, help="default 0")
     parser.add_argument("--work", default=None, help="work folder (default runs/head-<target>)")
@@ -175,7 +179,8 @@ def resolve_plan(args: argparse.Namespace) -> RunPlan:
             fields["checkpoint_every"] = args.checkpoint_every
             if "seed" in values:
                 fields["seed"] = values["seed"]
-        return config_class(**fields)
+        config = config_class(**fields)
+        return config.resolved(device) if section == "train" else config  # precision "auto" made concrete
 
     plan = RunPlan(target=target, dtype=dtype, data=pick("data", DataConfig), features=pick("features", FeatureConfig),
                    train=pick("train", TrainConfig), work=work,
@@ -215,6 +220,7 @@ def command_line(plan: RunPlan) -> str:
         words += ["--aux-layers", ",".join(map(str, features.aux_layers))]
     words += ["--ttt-steps", train.ttt_steps, "--epochs", train.epochs, "--lr", train.lr,
               "--batch-tokens", train.batch_tokens, "--val-fraction", train.val_fraction, "--precision", train.precision,
+              "--head-init", train.head_init,
               "--seed", train.seed, "--work", plan.work]
     if plan.out is not None:
         words += ["--out", plan.out]
@@ -274,7 +280,8 @@ def train(plan: RunPlan, model, report: dict, progress: bool) -> None:
 
     store = FeatureStore(plan.work / "features")
     head = prepare_head_for_training(init_eagle3_head(model, draft_vocab=store.draft_ids, aux_layers=store.aux_layers,
-                                                      seed=plan.train.seed))
+                                                      seed=plan.train.seed,
+                                                      output_from_target=plan.train.head_init == "target"))
     trainer = Trainer(head, store, plan.train, plan.work, plan.settings("features"), progress)
     result = trainer.run()
     print(format_curve(result.curve))

@@ -26,7 +26,7 @@ import pathlib
 import signal
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
 import torch
@@ -57,6 +57,7 @@ class TrainConfig:
     grad_clip: float = 0.5
     step_weight: float = 0.8  # loss weight of step j is step_weight ** j
     precision: str = "auto"  # --precision: auto (bf16 autocast where the CPU is fast at it), float32, bfloat16
+    head_init: str = "target"  # --head-init: target (lm_head rows and final norm copied from the target) or random
     checkpoint_every: int = 50  # --checkpoint-every: steps between checkpoints (not a training setting)
 
     def __post_init__(self) -> None:
@@ -74,12 +75,19 @@ class TrainConfig:
             raise bad_argument("grad_clip", (self.grad_clip, self.step_weight), "grad_clip > 0 and step_weight in (0, 1]")
         if self.precision not in ("auto", "float32", "bfloat16"):
             raise bad_argument("precision", self.precision, "auto, float32 or bfloat16")
+        if self.head_init not in ("target", "random"):
+            raise bad_argument("head-init", self.head_init, "target or random")
 
     def settings(self) -> dict:
         """Everything that changes the trained weights (checkpoint_every does not)."""
         settings = asdict(self)
         del settings["checkpoint_every"]
         return settings
+
+    def resolved(self, device: torch.device) -> "TrainConfig":
+        """This config with precision "auto" made concrete for ``device``: what a run stores, so a resume on a
+        CPU of another kind keeps the precision (or is refused) instead of switching it halfway."""
+        return replace(self, precision="bfloat16" if self.autocast_bfloat16(torch.device(device)) else "float32")
 
     def autocast_bfloat16(self, device: torch.device) -> bool:
         if self.precision != "auto":
@@ -172,11 +180,9 @@ class Trainer:
         self.head, self.store, self.config, self.progress = head, store, config, progress
         self.folder = pathlib.Path(work) / "train"
         self.device = head.fc.weight.device
+        config = self.config = config.resolved(self.device)  # "auto" is stored resolved (TrainConfig.resolved)
         self.bfloat16 = config.autocast_bfloat16(self.device)
-        # "auto" is stored resolved: a run resumed on a CPU of another kind keeps its precision (--resume)
-        # or is refused, rather than switching precision halfway
-        settings = config.settings() | {"precision": "bfloat16" if self.bfloat16 else "float32"}
-        check_settings(self.folder, upstream | {"train": settings}, "train")
+        check_settings(self.folder, upstream | {"train": config.settings()}, "train")
         self.log = JsonlLog(pathlib.Path(work) / LOG_FILE)
         self.train, self.val = split_samples(store, config.val_fraction, config.seed)
         self.plan = [epoch_batches(self.train, store.lengths, config.batch_tokens, config.seed, epoch)
