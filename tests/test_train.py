@@ -364,8 +364,8 @@ def test_cli_runs_every_stage_then_skips_them_and_refuses_other_settings(model_f
     assert report["draft_vocab"] == 40 and report["ttt_steps"] == 3 and report["data"]["samples"] >= 4
     assert report["command"].startswith("talon train-head --target ") and len(report["validation"]) == 2
     train_settings = report["settings"]["train"]
-    assert train_settings["head_init"] == "target" and train_settings["precision"] in ("bfloat16", "float32")
-    assert f"--precision {train_settings['precision']} --head-init target" in report["command"]
+    assert train_settings["head_init"] == "random" and train_settings["precision"] in ("bfloat16", "float32")
+    assert f"--precision {train_settings['precision']} --head-init random" in report["command"]
     assert load_eagle3_head(out, tiny_model("llama", seed=3, vocab=64, layers=6)).config.draft_vocab_size == 40
     log = (work / "train_log.jsonl").read_text()
 

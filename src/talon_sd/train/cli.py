@@ -79,9 +79,9 @@ def register(commands) -> None:
     train.add_argument("--precision", default=None, choices=("auto", "float32", "bfloat16"),
                        help="auto (default): bf16 autocast where the CPU is fast at it")
     train.add_argument("--head-init", default=None, choices=("target", "random"),
-                       help="target (default): the head's lm_head starts from the target's output rows of the draft "
-                            "vocabulary and its final norm from the target's (as vLLM's speculators does); random: "
-                            "both from scratch")
+                       help="random (default): every head weight from scratch; target: the head's lm_head starts "
+                            "from the target's output rows of the draft vocabulary and its final norm from the "
+                            "target's (as vLLM's speculators does; no better on the packaged target's small run)")
     train.add_argument("--checkpoint-every", type=int, default=50, help="steps between checkpoints (default 50)")
     parser.add_argument("--seed", type=int, default=None, help="default 0")
     parser.add_argument("--work", default=None, help="work folder (default runs/head-<target>)")
