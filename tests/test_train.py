@@ -215,6 +215,19 @@ def test_precision_auto_is_stored_resolved_so_another_cpu_cannot_switch_it(targe
     assert Trainer(fresh_head(target, store), store, explicit, tmp_path, {}, progress=False).bfloat16
 
 
+def test_a_step_that_cannot_fit_in_memory_is_refused_before_training(target, store, tmp_path, monkeypatch):
+    from talon_sd.train import trainer as trainer_module
+
+    config = TrainConfig(epochs=1, batch_tokens=384, val_fraction=0.1, precision="float32")
+    need = 384 * config.ttt_steps * int(store.draft_ids.numel()) * trainer_module.LOGIT_BYTES_PER_ENTRY
+    monkeypatch.setattr(trainer_module, "device_memory_bytes", lambda device: need)  # 70% of it is too little
+    with pytest.raises(TalonError, match=r"batch-tokens: .*lower --batch-tokens or --draft-vocab") as caught:
+        Trainer(fresh_head(target, store), store, config, tmp_path, {}, progress=False)
+    assert "\n" not in str(caught.value) and not (tmp_path / "train").exists()  # nothing written
+    monkeypatch.setattr(trainer_module, "device_memory_bytes", lambda device: 2 * need)
+    Trainer(fresh_head(target, store), store, config, tmp_path, {}, progress=False)  # fits: accepted
+
+
 def test_ctrl_c_stops_after_the_running_step_with_a_checkpoint(target, store, tmp_path):
     import os
     import signal

@@ -182,6 +182,7 @@ class Trainer:
         self.folder = pathlib.Path(work) / "train"
         self.device = head.fc.weight.device
         config = self.config = config.resolved(self.device)  # "auto" is stored resolved (TrainConfig.resolved)
+        check_step_memory(config, int(head.config.draft_vocab_size), self.device)  # before anything is written
         self.bfloat16 = config.autocast_bfloat16(self.device)
         check_settings(self.folder, upstream | {"train": config.settings()}, "train")
         self.log = JsonlLog(pathlib.Path(work) / LOG_FILE)
@@ -338,6 +339,35 @@ def _to(batch, device: torch.device):
     from dataclasses import replace
 
     return replace(batch, aux=batch.aux.to(device), tokens=batch.tokens.to(device), positions=batch.positions.to(device))
+
+
+LOGIT_BYTES_PER_ENTRY = 24  # fp32 logits, log-softmax, teacher softmax and their gradients, per row x draft id
+
+
+def device_memory_bytes(device: torch.device) -> int | None:
+    """Total memory of ``device`` (RAM for the CPU), None when unknown."""
+    try:
+        if device.type == "cuda":
+            return int(torch.cuda.mem_get_info(device)[1])
+        import os
+
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError, RuntimeError):
+        return None
+
+
+def check_step_memory(config: TrainConfig, draft_vocab: int, device: torch.device) -> None:
+    """Refuse, before any step, a run whose draft-vocabulary logits alone (batch tokens x TTT steps x Vd)
+    would not fit in 70% of the device's memory (a full-vocabulary head with the default batch needs
+    ~20 GB a step): a clear error now rather than an out-of-memory kill hours in."""
+    total = device_memory_bytes(torch.device(device))
+    need = config.batch_tokens * config.ttt_steps * draft_vocab * LOGIT_BYTES_PER_ENTRY
+    if total is not None and need > 0.7 * total:
+        fitting = max(8, int(0.7 * total / (config.ttt_steps * draft_vocab * LOGIT_BYTES_PER_ENTRY)))
+        raise bad_argument("batch-tokens", config.batch_tokens,
+                           f"at most ~{fitting} with draft vocabulary {draft_vocab} and {config.ttt_steps} TTT steps "
+                           f"(a step's logits would need ~{need / 2**30:.1f} GiB of the {total / 2**30:.1f} GiB here); "
+                           "lower --batch-tokens or --draft-vocab")
 
 
 def prepare_head_for_training(head: Eagle3Head) -> Eagle3Head:
