@@ -107,6 +107,7 @@ def test_an_interrupted_export_leaves_the_previous_head_whole(head, target, tmp_
     with pytest.raises(KeyboardInterrupt):
         save_eagle3_head(head, folder, dtype=torch.float32)
     assert ((folder / "model.safetensors").read_bytes(), (folder / "config.json").read_text()) == before
+    assert sorted(path.name for path in folder.iterdir()) == ["config.json", "model.safetensors"]  # no leftovers
     monkeypatch.undo()
     torch.testing.assert_close(load_eagle3_head(folder, target).fc.weight, head.fc.weight)
 

@@ -30,7 +30,6 @@ KV cache, and ``talon train-head`` (:mod:`talon_sd.train`) trains it.
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 from dataclasses import dataclass, field
 
@@ -332,25 +331,25 @@ def load_eagle3_head(source: str | pathlib.Path, target_model) -> Eagle3Head:
             raise TalonError("draft: the head's embed_tokens does not match the target's embedding")
     head = Eagle3Head(config, embed)
     state = {name: tensor for name, tensor in tensors.items() if name != "embed_tokens.weight" and name != "t2d"}
-    if "d2t" in state:  # t2d follows from d2t; a stored t2d must agree with it
-        ids = torch.arange(config.draft_vocab_size) + state["d2t"].long()
-        if tuple(ids.shape) == (config.draft_vocab_size,) and int(ids.min()) >= 0 and int(ids.max()) < config.vocab_size:
-            t2d = torch.zeros(config.vocab_size, dtype=torch.bool)
-            t2d[ids] = True
-            stored = tensors.get("t2d")
-            if stored is not None and (tuple(stored.shape) != (config.vocab_size,) or not torch.equal(stored.bool(), t2d)):
-                raise TalonError("draft: the head's t2d does not mark exactly the target ids its d2t maps to")
-            state["t2d"] = t2d
-    elif "t2d" in tensors:
-        state["t2d"] = tensors["t2d"].bool()
     expected = {name: tuple(p.shape) for name, p in head.state_dict().items() if not name.startswith(("embed_tokens", "rotary"))}
-    for name, shape in expected.items():
-        if name in state and tuple(state[name].shape) != shape:
-            raise TalonError(f"draft: tensor {name} has shape {tuple(state[name].shape)}, the config implies {shape}")
+
+    def check_shape(name: str, tensor: torch.Tensor) -> None:
+        if name in expected and tuple(tensor.shape) != expected[name]:
+            raise TalonError(f"draft: tensor {name} has shape {tuple(tensor.shape)}, the config implies {expected[name]}")
+
+    for name, tensor in state.items():
+        check_shape(name, tensor)
+    if "d2t" in state:  # t2d follows from d2t; a stored t2d must agree with it
+        ids = torch.arange(config.draft_vocab_size) + state["d2t"].long()  # [Vd] target ids, as head.target_ids()
+        if int(ids.min()) < 0 or int(ids.max()) >= config.vocab_size:
+            raise TalonError("draft: the head's d2t maps draft ids outside the target vocabulary")
+        state["t2d"] = torch.zeros(config.vocab_size, dtype=torch.bool).index_fill_(0, ids, True)
+        if "t2d" in tensors and not torch.equal(tensors["t2d"].bool(), state["t2d"]):
+            raise TalonError("draft: the head's t2d does not mark exactly the target ids its d2t maps to")
+    elif "t2d" in tensors:
+        check_shape("t2d", tensors["t2d"])
+        state["t2d"] = tensors["t2d"].bool()
     head.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=False)
-    targets = head.target_ids()
-    if int(targets.min()) < 0 or int(targets.max()) >= config.vocab_size:
-        raise TalonError("draft: the head's d2t maps draft ids outside the target vocabulary")
     device, dtype = embed.weight.device, embed.weight.dtype
     return head.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
@@ -367,13 +366,13 @@ def save_eagle3_head(head: Eagle3Head, folder: str | pathlib.Path, dtype: torch.
             continue
         tensor = tensor.detach().cpu()
         tensors[name] = tensor.to(dtype) if tensor.is_floating_point() else tensor
+    from .train.store import atomic_target, atomic_write_text  # here: talon_sd.train imports this module
+
     (folder / "pytorch_model.bin").unlink(missing_ok=True)  # an older head's .bin would win over this export
     # written beside, then renamed: an interrupted export leaves the previous head whole, never half a file
-    partial_weights, partial_config = folder / "model.safetensors.partial", folder / "config.json.partial"
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(partial_weights))
-    partial_config.write_text(json.dumps(head.config.to_json(), indent=2))
-    os.replace(partial_weights, folder / "model.safetensors")
-    os.replace(partial_config, folder / "config.json")
+    with atomic_target(folder / "model.safetensors") as temporary:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(temporary))
+    atomic_write_text(folder / "config.json", json.dumps(head.config.to_json(), indent=2))
     return folder
 
 

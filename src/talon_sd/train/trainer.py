@@ -22,6 +22,7 @@ from it and, with the same settings and threads, ends with the same weights as a
 from __future__ import annotations
 
 import math
+import os
 import pathlib
 import signal
 import threading
@@ -349,8 +350,6 @@ def device_memory_bytes(device: torch.device) -> int | None:
     try:
         if device.type == "cuda":
             return int(torch.cuda.mem_get_info(device)[1])
-        import os
-
         return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     except (AttributeError, ValueError, OSError, RuntimeError):
         return None
@@ -360,7 +359,7 @@ def check_step_memory(config: TrainConfig, draft_vocab: int, device: torch.devic
     """Refuse, before any step, a run whose draft-vocabulary logits alone (batch tokens x TTT steps x Vd)
     would not fit in 70% of the device's memory (a full-vocabulary head with the default batch needs
     ~20 GB a step): a clear error now rather than an out-of-memory kill hours in."""
-    total = device_memory_bytes(torch.device(device))
+    total = device_memory_bytes(device)
     need = config.batch_tokens * config.ttt_steps * draft_vocab * LOGIT_BYTES_PER_ENTRY
     if total is not None and need > 0.7 * total:
         fitting = max(8, int(0.7 * total / (config.ttt_steps * draft_vocab * LOGIT_BYTES_PER_ENTRY)))
