@@ -26,11 +26,18 @@ class CyclingController(BudgetController):
     def __init__(self, max_budget: int = 24) -> None:
         super().__init__(ControllerSettings(max_budget=max_budget, initial_budget=6))
         self.calls, self.budgets = 0, []
+        self.asked: list[tuple[int, int | None]] = []  # (catch_up_tokens, tokens_left) the loop gave each step
+        self.committed: list[int] = []  # tokens each step committed (bonus included)
 
-    def next_budget(self) -> int:
+    def next_budget(self, catch_up_tokens: int = 0, tokens_left: int | None = None) -> int:
         budget = min(self.BUDGETS[len(self.budgets) % len(self.BUDGETS)], max_budget_of(self))
         self.budgets.append(budget)
+        self.asked.append((catch_up_tokens, tokens_left))
         return budget
+
+    def observe(self, record) -> None:
+        self.committed.append(len(record.accepted) + 1)
+        super().observe(record)
 
     def keep_growing(self, tree_log_p, frontier, widths_so_far, budget) -> bool:
         self.calls += 1

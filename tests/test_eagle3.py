@@ -264,3 +264,16 @@ def test_rope_scaling_of_a_published_head_is_kept(head, target, tmp_path):
     assert not torch.allclose(loaded.rotary.inv_freq.cpu(), head.rotary.inv_freq.cpu())  # scaling changed RoPE
     again = save_eagle3_head(loaded, tmp_path / "again", dtype=torch.float32)
     assert json.loads((again / "config.json").read_text())["rope_scaling"] == scaling
+
+
+def test_the_head_reports_its_catch_up_to_the_controller(target, head):
+    """The prompt's features wait in the head until the first drafted step, then each plain step's."""
+    from helpers import CyclingController
+    from test_oracle import expected_catch_up
+
+    controller = CyclingController()
+    prompt = [5, 17, 33, 8, 5, 17]
+    tokens, _ = run(target, Eagle3Drafter(head), TreeConfig("talon", budget="auto", topk=3), prompt, 40,
+                    controller=controller)
+    assert tokens == plain_greedy(target, prompt, 40)
+    assert controller.asked == expected_catch_up(controller.budgets, controller.committed, len(prompt))

@@ -87,3 +87,30 @@ def test_greedy_with_the_real_online_controller(request, pair_name, method):
         tokens, stats = run(target, make_drafter("model", draft, VOCAB), tree, prompt, 40, controller=controller)
         assert tokens == plain_greedy(target, prompt, 40)
         assert stats.budgets[0] == 8 and len(stats.budgets) == stats.target_forwards
+
+
+def expected_catch_up(budgets, committed, prompt_length, catches_up=True):
+    """What the loop must tell the controller before each step: (catch-up tokens, tokens left of 40)."""
+    asked, undrafted, emitted = [], prompt_length - 1, 0
+    for budget, tokens in zip(budgets, committed):
+        asked.append((undrafted if catches_up else 0, 40 - emitted))
+        undrafted = undrafted + tokens if budget == 1 else 0
+        emitted += tokens
+    return asked
+
+
+@pytest.mark.parametrize("drafter_kind", ["model", "ngram"])
+def test_the_loop_tells_the_controller_the_drafters_catch_up_and_the_tokens_left(llama_pair, drafter_kind):
+    """The prompt waits in the draft LM until the first drafted step, then each plain step's tokens do."""
+    from helpers import CyclingController
+
+    target, draft = llama_pair
+    controller = CyclingController()
+    prompt = PROMPTS[1]
+    tokens, _ = run(target, make_drafter(drafter_kind, draft, VOCAB), TreeConfig("talon", budget="auto", topk=4),
+                    prompt, 40, controller=controller)
+    assert tokens == plain_greedy(target, prompt, 40)
+    assert controller.asked == expected_catch_up(controller.budgets, controller.committed, len(prompt),
+                                                 catches_up=drafter_kind == "model")
+    if drafter_kind == "model":  # plain steps did leave tokens to catch up
+        assert {caught for caught, _ in controller.asked} > {0}

@@ -6,8 +6,10 @@ Pure logic: no torch, no model call, no clock (every time comes in through a :cl
 no randomness: the same records give the same budgets. The decoding loop
 (:func:`talon_sd.decoding.decode`) calls, every verify step::
 
-    next_budget()                    N for the coming step, 1 <= N <= max_budget (root counted; N = 1 is a
-                                     plain decoding step: no draft forward, the target verifies the root)
+    next_budget(catch_up_tokens, tokens_left)
+                                     N for the coming step, 1 <= N <= max_budget (root counted; N = 1 is a
+                                     plain decoding step: no draft forward, the target verifies the root);
+                                     the drafter's pending catch-up and the tokens still allowed (design 6)
     keep_growing(tree_log_p, frontier, widths_so_far, budget)
                                      asked by the builder before each draft forward but the first
     observe(StepRecord)              what the step built, accepted and cost
@@ -101,8 +103,32 @@ Design ("Improvement" marks where this goes past the obvious recipe)
    (mean trees of 5 to 60 nodes; 0.33 ms with 64-node trees every step) and keep_growing 4-14 us per
    call. Per step the work is O(window x candidates), plus O(known sizes) to refit the cost curves.
 
-Not modelled: the drafter's catch-up that plain steps defer to the next drafted step is charged to
-neither (a slight bias towards plain steps with a model drafter); keep_growing looks one layer ahead;
+6. The drafter's catch-up. A draft LM forwards nothing on plain steps and its prompt only at the first
+   drafted step (lazy prefill): the first drafted step of a request forwards the whole prompt (700
+   tokens on CNN/DM), later ones the plain steps' tokens. The loop passes ``catch_up_tokens``
+   (:attr:`talon_sd.drafters.Drafter.catch_up_tokens`) and ``tokens_left``; the first forward of such a
+   step, less draft(width), is a sample of a catch-up curve by tokens (bucketed to powers of two,
+   scaled to the bucket). A drafted choice k then runs only if drafting the expected rest E of the
+   sequence saves more than the catch-up costs, ``E (1 / rate(1) - 1 / rate(k)) > catch_up(P)``,
+   else the step is plain (the catch-up keeps waiting; ``catch_up_skips`` in the summary); a trial
+   starts only if its catch-up is at most ``probe_catch_up_share`` of E's plain seconds. E is
+   ``tokens_left`` capped by the median length of the last finished sequences (a QA answer of 20
+   tokens does not earn back a prefill over max_new_tokens = 128; one cut by its token limit counts
+   as endless). Before a catch-up was measured it
+   costs nothing (as before). Measured in tests/test_control.py: float32 costs, code-like acceptance,
+   a 700-token prompt and 12-step answers: 0.68 of plain when not told, level with plain when told;
+   where drafting pays (bf16 costs) the prefill is paid. The motivating run: the hostile float32
+   reading of docs/BENCHMARKS.md section 5, where sum and qa paid a 0.5B prefill for no gain.
+7. Carried samples at a new sequence (:meth:`BudgetController.for_next_sequence`) are scaled by one
+   factor so that no candidate's total weight exceeds ``carried_weight`` (8) steps: rates (ratios of
+   sums) are unchanged at the start, and after a few steps of its own the new request's acceptance
+   decides. The motivating runs: qa after sum (bf16 sweep, 0.72 of the best fixed N) and sum/qa after
+   humaneval (hostile float32, 0.92x/0.68x of ar), where 32 carried samples outweighed a short
+   request's 2-12 steps. In the synthetic code -> chat switch (6-step requests, 3 seeds) 8 gave 0.93
+   of the best fixed N against 0.91 uncapped; 4 or less lost on the hostile carried test (0.95 of
+   plain against 0.97).
+
+Not modelled: keep_growing looks one layer ahead;
 a step stopped early by keep_growing is taken to be what every larger budget would have built (true
 up to keep_growing's own dependence on the budget).
 
@@ -124,6 +150,7 @@ from .errors import bad_argument
 
 DEFAULT_LADDER = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64)
 DEFAULT_CALIBRATION_EDGES = (0.0, -0.1, -0.25, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0, -8.0)  # then -inf
+LENGTHS_KEPT = 16  # finished sequences whose lengths estimate the tokens a request has left
 CHILD_PRIOR_SHARE = 0.7  # prior: an accepted, expanded node has one of its drafted children accepted 70% of the time
 
 
@@ -333,6 +360,10 @@ class ControllerSettings:
     calibration_decay       weight kept by past calibration counts at each drafted step
     calibration_prior_strength  pseudo-nodes of the calibration's Beta prior
     early_stop              keep_growing may stop a step's growth (False: it always says grow)
+    carried_weight          at a new sequence, the carried acceptance samples are scaled down so that no
+                            candidate's total weight exceeds this many steps (math.inf: kept as they were)
+    probe_catch_up_share    a trial that would pay the drafter's catch-up starts only if the catch-up costs at
+                            most this share of the plain seconds of the tokens expected to be left
     """
 
     max_budget: int = 64
@@ -355,6 +386,8 @@ class ControllerSettings:
     calibration_decay: float = 0.97
     calibration_prior_strength: float = 2.0
     early_stop: bool = False  # off by default: see design 4 (it starved chat trees on the real pair)
+    carried_weight: float = 8.0
+    probe_catch_up_share: float = 0.1
 
     def __post_init__(self) -> None:
         for name in ("allow_plain", "early_stop"):
@@ -377,6 +410,9 @@ class ControllerSettings:
         _check_int("max_probe_interval", self.max_probe_interval, self.min_probe_interval,
                    f"an integer >= min_probe_interval={self.min_probe_interval}")
         _check_number("half_life", self.half_life, "a number > 0", lambda x: x > 0)
+        if not (_is_number(self.carried_weight) and self.carried_weight > 0 and not math.isnan(self.carried_weight)):
+            raise bad_argument("carried_weight", self.carried_weight, "a number > 0 (math.inf: no cap)")
+        _check_number("probe_catch_up_share", self.probe_catch_up_share, "a number >= 0", lambda x: x >= 0)
         _check_number("probe_factor", self.probe_factor, "a number > 1", lambda x: x > 1)
         _check_number("dominance_margin", self.dominance_margin, "a number in [0, 1)", lambda x: 0 <= x < 1)
         _check_number("calibration_decay", self.calibration_decay, "a number in (0, 1]", lambda x: 0 < x <= 1)
@@ -487,6 +523,11 @@ def _fit(xs: list[int], ys: list[float], weights: list[float]) -> tuple[list[int
     return list(xs), fitted, slope
 
 
+def _bucket(tokens: int) -> int:
+    """The catch-up curve's size for ``tokens``: the next power of two (its samples are scaled to it)."""
+    return 1 << max(tokens - 1, 0).bit_length()
+
+
 def _isotonic(values: list[float], weights: list[float]) -> list[float]:
     """Pool-adjacent-violators: the non-decreasing sequence closest to ``values`` in weighted squares."""
     blocks: list[list[float]] = []  # [weighted sum, weight, count]
@@ -581,7 +622,7 @@ class Calibration:
 class _Sample:
     """One drafted step, as the candidates it informs see it."""
 
-    __slots__ = ("index", "widths", "outcomes", "stamp", "cumulative_draft", "weight")
+    __slots__ = ("index", "widths", "outcomes", "stamp", "cumulative_draft", "weight", "scale")
 
     def __init__(self, index: int, widths: tuple[int, ...], outcomes: list[tuple[int, int, int]]) -> None:
         self.index = index  # step number
@@ -590,6 +631,7 @@ class _Sample:
         self.stamp = -1  # controller version the two caches below belong to
         self.cumulative_draft: list[float] = []  # [F + 1] draft seconds of the first j forwards
         self.weight = 0.0
+        self.scale = 1.0  # product of the carried_weight caps of the sequences it was carried into
 
 
 class BudgetController:
@@ -608,6 +650,7 @@ class BudgetController:
         self.verify_cost = CostCurve(settings.cost_samples, prior.verify_seconds)  # by tree size
         self.draft_cost = CostCurve(settings.cost_samples, prior.draft_seconds)  # by forward width
         self.overhead_cost = CostCurve(settings.cost_samples, prior.overhead_seconds)  # by draft forwards per step
+        self.catch_up_cost = CostCurve(settings.cost_samples)  # by catch-up tokens (bucketed): extra first-forward seconds
         self.calibration = Calibration(settings.calibration_edges, settings.calibration_decay,
                                        settings.calibration_prior_strength)
         self._samples = [deque(maxlen=settings.window) for _ in self.candidates]  # per candidate
@@ -620,6 +663,12 @@ class BudgetController:
         self._choice = settings.initial_budget
         self._planned: int | None = None
         self._previous_plain = True  # the drafter has tokens to catch up (its prompt; a plain step's tokens)
+        self._catch_up_tokens = 0  # what the loop said the drafter has to catch up, for the planned step
+        self._sequence_tokens = 0  # tokens committed in this sequence
+        self._tokens_left: int | None = None  # what the loop said before the planned step
+        self._cut_by_limit = False  # the last step committed all the tokens that were left
+        self._lengths: deque[int] = deque(maxlen=LENGTHS_KEPT)  # tokens of the last finished sequences
+        self._catch_up_skips = 0  # drafted choices run as plain steps because the catch-up would not pay
         self._last_plain = 0
         self._interval = settings.min_probe_interval
         self._next_trial = settings.min_probe_interval
@@ -642,15 +691,21 @@ class BudgetController:
         trusting an initial budget and probing twice that, which on such requests is a fifth or more of
         all steps (docs/BENCHMARKS.md section 5). What belongs to one sequence is reset: the planned
         budget and the drafter's catch-up flag (a new sequence's drafter starts with its prompt to
-        forward). Tried and left out: resetting the probe schedule per request (short requests on
-        hostile costs then probe in every request: 0.91 of plain against 0.95 carried, in
-        tests/test_control.py's world), and ageing the carried samples by a gap at each request (on a
-        synthetic switch from code to 6-step chat requests, 5 seeds: 0.87-0.88 of the best fixed N for
-        gaps of 16-32 steps against 0.89 without, and 0.94-0.95 of plain on the hostile costs against
-        0.955)."""
+        forward). The carried acceptance samples are scaled so that none weighs more than
+        ``carried_weight`` steps in all (design 7); the finished sequence's length joins the lengths that
+        estimate a request's tokens left (design 6). Tried and left out: resetting the probe schedule per
+        request (short requests on hostile costs then probe in every request: 0.91 of plain against 0.95
+        carried, in tests/test_control.py's world), and ageing the carried samples by a fixed gap of
+        16-32 steps (0.87-0.88 of the best fixed N on a synthetic code -> chat switch against 0.89):
+        a gap halves 32 samples to 16 steps' worth, still more than a short request's own steps."""
         follower = copy.deepcopy(self)
         follower._planned = None
         follower._previous_plain = True  # the new sequence's drafter starts with its prompt to forward
+        if follower._sequence_tokens > 0:  # a sequence cut by its token limit would have gone on: length unknown
+            follower._lengths.append(math.inf if follower._cut_by_limit else follower._sequence_tokens)
+        follower._sequence_tokens = 0
+        follower._cap_carried_weight()
+        follower._catch_up_skips = 0
         follower._histogram = Counter()
         follower._probes = Counter()
         follower._growth_checks = follower._early_stops = 0
@@ -662,10 +717,21 @@ class BudgetController:
         return self._choice
 
     # ------------------------------------------------------------------ the loop's three calls
-    def next_budget(self) -> int:
-        """The budget N of the coming step (asking twice before the step is observed gives the same N)."""
+    def next_budget(self, catch_up_tokens: int = 0, tokens_left: int | None = None) -> int:
+        """The budget N of the coming step (asking twice before the step is observed gives the same N).
+
+        ``catch_up_tokens``: committed tokens the drafter must forward before it drafts, because steps
+        ran without drafting (:attr:`talon_sd.drafters.Drafter.catch_up_tokens`: the prompt, then plain
+        steps' tokens); ``tokens_left``: at most this many tokens are still to come (None: unknown).
+        With both, a drafted step pays the catch-up only when it is worth it (design 6)."""
         if self._planned is not None:
             return self._planned
+        if not _is_int(catch_up_tokens) or catch_up_tokens < 0:
+            raise bad_argument("catch_up_tokens", catch_up_tokens, "an integer >= 0")
+        if tokens_left is not None and (not _is_int(tokens_left) or tokens_left < 0):
+            raise bad_argument("tokens_left", tokens_left, "an integer >= 0 or None")
+        self._catch_up_tokens, self._tokens_left = catch_up_tokens, tokens_left
+        catch_up, expected = self._catch_up_seconds(catch_up_tokens), self._expected_tokens_left(tokens_left)
         if self._trial_left > 0:
             budget = self._trial_budget
         else:
@@ -673,8 +739,13 @@ class BudgetController:
             budget = self._choice
             if self._plain_due():
                 budget = 1
-            elif self._step >= self._next_trial and budget < self.candidates[-1] and budget in self._rates:
-                budget = self._start_trial()
+            else:
+                if (self._step >= self._next_trial and budget < self.candidates[-1] and budget in self._rates
+                        and self._trial_affordable(catch_up, expected)):
+                    budget = self._start_trial()
+                if self._trial_left == 0 and budget > 1 and not self._worth_catching_up(budget, catch_up, expected):
+                    budget = 1
+                    self._catch_up_skips += 1
         self._planned = budget
         self._histogram[budget] += 1
         return budget
@@ -721,10 +792,16 @@ class BudgetController:
         # 1. costs
         self.verify_cost.add(record.size, record.verify_seconds)
         self.overhead_cost.add(forwards, record.other_seconds)
+        catching_up = self._previous_plain or self._catch_up_tokens > 0
         for j, (width, seconds) in enumerate(zip(record.forward_widths, record.draft_seconds)):
-            if j > 0 or not self._previous_plain:  # the first forward after a plain step also catches up
+            if j > 0 or not catching_up:  # the first forward after a plain step also catches up
                 self.draft_cost.add(width, seconds)
-        for curve in (self.verify_cost, self.draft_cost, self.overhead_cost):
+        if forwards > 0 and self._catch_up_tokens > 0:  # what the catch-up cost on top of that forward
+            self.draft_cost.refit()
+            extra = max(record.draft_seconds[0] - self.draft_cost(record.forward_widths[0]), 0.0)
+            bucket = _bucket(self._catch_up_tokens)
+            self.catch_up_cost.add(bucket, extra * bucket / self._catch_up_tokens)
+        for curve in (self.verify_cost, self.draft_cost, self.overhead_cost, self.catch_up_cost):
             curve.refit()
         self._table_top = max(self._table_top, record.size, forwards, max(record.forward_widths, default=0))
         self._rebuild_tables()
@@ -747,6 +824,9 @@ class BudgetController:
             self._branch_width = decay * self._branch_width + sum(record.forward_widths[1:])
         # 3. bookkeeping
         self._previous_plain = forwards == 0
+        self._catch_up_tokens = 0
+        self._sequence_tokens += len(record.accepted) + 1
+        self._cut_by_limit = self._tokens_left is not None and len(record.accepted) + 1 >= self._tokens_left
         if forwards == 0:
             self._last_plain = self._step
         self._step += 1
@@ -776,6 +856,8 @@ class BudgetController:
                 "draft_seconds": self.draft_cost.points(),
                 "overhead_seconds": self.overhead_cost.points(),
             },
+            "catch_up_seconds": self.catch_up_cost.points(),
+            "catch_up_skips": self._catch_up_skips,
             "growth_checks": self._growth_checks,
             "early_stops": self._early_stops,
             "calibration": self.calibration.rows(),
@@ -842,6 +924,55 @@ class BudgetController:
             return False
         return self._optimistic_rate(budget) < (1.0 - self.settings.dominance_margin) * reference
 
+    # ------------------------------------------------------------------ internals: catch-up and carried samples
+    def _catch_up_seconds(self, tokens: int) -> float:
+        """Extra seconds the drafter's first forward takes to catch up on ``tokens`` (0 when none, or
+        before any catch-up was measured: then drafting is judged as before design 6)."""
+        if tokens <= 0 or not self.catch_up_cost.samples:
+            return 0.0
+        bucket = _bucket(tokens)
+        return self.catch_up_cost(bucket) * tokens / bucket
+
+    def _expected_tokens_left(self, tokens_left: int | None) -> float | None:
+        """Tokens the sequence is expected to still commit: ``tokens_left`` capped by the median length of
+        the last finished sequences (a QA answer ends long before max_new_tokens; a sequence its token
+        limit cut counts as endless, so a short warm-up run does not pass for a short answer); None when
+        unknown."""
+        typical = _median(self._lengths) if self._lengths else None
+        if tokens_left is None:
+            return typical
+        return float(tokens_left) if typical is None else min(float(tokens_left), typical)
+
+    def _worth_catching_up(self, budget: int, catch_up: float, expected: float | None) -> bool:
+        """Whether drafting at ``budget`` for the expected rest of the sequence saves more than the catch-up
+        costs: expected x (1 / rate(1) - 1 / rate(budget)) > catch-up seconds. True without the numbers."""
+        plain, drafted = self._plain_rate(), self._rates.get(budget)
+        if catch_up <= 0 or expected is None or plain is None or drafted is None or not self.settings.allow_plain:
+            return True
+        return catch_up < expected * (1.0 / plain - 1.0 / drafted)
+
+    def _trial_affordable(self, catch_up: float, expected: float | None) -> bool:
+        """A trial explores at most ``probe_catch_up_share`` of the expected rest's plain seconds on catch-up
+        (a 700-token prompt is not forwarded through the draft LM to try a probe on a 64-token answer)."""
+        plain = self._plain_rate()
+        if catch_up <= 0 or expected is None or plain is None:
+            return True
+        return catch_up <= self.settings.probe_catch_up_share * expected / plain
+
+    def _cap_carried_weight(self) -> None:
+        """Scale every carried acceptance sample by one factor so that no candidate's total weight exceeds
+        ``carried_weight`` steps: rates (ratios of sums) are unchanged until the new sequence's own steps
+        arrive, which then outweigh the carried ones after a few steps (design 7)."""
+        half_life, step = self.settings.half_life, self._step
+        heaviest = max((sum(s.scale * 0.5 ** ((step - s.index) / half_life) for s in samples)
+                        for samples in self._samples), default=0.0)
+        if heaviest <= self.settings.carried_weight:
+            return
+        factor = self.settings.carried_weight / heaviest
+        for sample in {id(s): s for samples in self._samples for s in samples}.values():
+            sample.scale *= factor
+        self._version += 1
+
     # ------------------------------------------------------------------ internals: rates and choice
     def _sums(self, samples: deque, index: int, other: int) -> tuple[float, float, float, float]:
         """Weighted (tokens, seconds) of candidates ``index`` and ``other`` (<= index) over ``samples``."""
@@ -864,7 +995,7 @@ class BudgetController:
         for width in sample.widths:
             cumulative.append(cumulative[-1] + draft[width])
         sample.cumulative_draft = cumulative
-        sample.weight = 0.5 ** ((self._step - sample.index) / self.settings.half_life)
+        sample.weight = sample.scale * 0.5 ** ((self._step - sample.index) / self.settings.half_life)
         sample.stamp = self._version
 
     def _estimate_rates(self) -> dict[int, float]:

@@ -101,7 +101,7 @@ def decode(pipeline: Pipeline, prompt_ids: torch.Tensor, stop: StopCondition, st
         while True:
             # 1-2. plan the budget, draft and build the tree (the builder calls the drafter once per layer)
             step_started = time.perf_counter()
-            plan = _plan(pipeline.controller, clock)
+            plan = _plan(pipeline.controller, clock, drafter, stop)
             if drafter is not None:
                 drafter.begin_step(root)
             tree = builder.build(root, clock.expand, target.device, plan)
@@ -175,11 +175,13 @@ class _DraftClock:
         return taken
 
 
-def _plan(controller: "BudgetController | None", clock: _DraftClock) -> StepPlan | None:
+def _plan(controller: "BudgetController | None", clock: _DraftClock, drafter: Drafter | None,
+          stop: StopCondition) -> StepPlan | None:
     """This step's budget and growth check from the controller (None: the builder's own budget)."""
     if controller is None:
         return None
-    budget = controller.next_budget()
+    budget = controller.next_budget(drafter.catch_up_tokens if drafter is not None else 0,
+                                    max(stop.max_new_tokens - len(stop.tokens), 0))
 
     def keep_growing(tree: DraftTree, frontier: torch.Tensor) -> bool:
         return controller.keep_growing(tree.scores.tolist(), frontier.tolist(), list(clock.step.widths), budget)

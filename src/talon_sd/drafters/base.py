@@ -17,6 +17,14 @@ class Drafter(ABC):
     name: ClassVar[str]
     feature_layers: ClassVar[tuple[int, ...]] = ()  # target hidden-state layers this drafter reads
 
+    @property
+    def catch_up_tokens(self) -> int:
+        """Committed tokens the next step's first draft forward must also forward because steps ran
+        without drafting: the prompt until the first drafted step, then every plain step's tokens (the
+        online controller weighs their cost, :mod:`talon_sd.control` design 6). 0 for a drafter whose
+        first forward does not depend on them."""
+        return 0
+
     @abstractmethod
     def start(self, prompt_ids: torch.Tensor, features: torch.Tensor | None = None) -> None:
         """Begin a generation for ``prompt_ids`` [L]; ``prompt_ids[-1]`` is the first root.

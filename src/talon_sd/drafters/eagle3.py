@@ -42,6 +42,11 @@ class Eagle3Drafter(Drafter):
         self.slot_nodes: list[int] = []  # tree node of each tree row
         self.hidden_of: dict[int, torch.Tensor] = {}  # node -> its output hidden state [H]
         self.drafted = False
+        self.undrafted = 0  # committed tokens since the last drafted step (the prompt's, then plain steps')
+
+    @property
+    def catch_up_tokens(self) -> int:
+        return self.undrafted
 
     @property
     def cache_length(self) -> int:
@@ -53,6 +58,7 @@ class Eagle3Drafter(Drafter):
         self.reset()
         self.pending_features = [features]
         self.pending_tokens = [int(t) for t in prompt_ids[1:].tolist()]
+        self.undrafted = len(self.pending_tokens)
 
     def begin_step(self, root_token):
         if self.pending_tokens and self.pending_tokens[-1] != int(root_token):
@@ -109,6 +115,7 @@ class Eagle3Drafter(Drafter):
         if self.drafted:  # tree rows were built on draft hidden states: drop them
             self.keys = self.keys[:, : self.prefix_length]
             self.values = self.values[:, : self.prefix_length]
+        self.undrafted = 0 if self.drafted else self.undrafted + len(acceptance.new_tokens)
         self.pending_features.append(features)
         self.pending_tokens.extend(acceptance.new_tokens)
         self.slot_nodes, self.hidden_of, self.drafted = [], {}, False

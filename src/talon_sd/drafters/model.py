@@ -38,12 +38,18 @@ class ModelDrafter(Drafter):
         self.prefix_length = 0  # cache rows of committed tokens during this step
         self.drafted = False  # whether this step ran an expand
         self.prefilled = False  # whether the prompt is in the cache (done lazily by the first expand)
+        self.undrafted = 0  # committed tokens since the last drafted step (the prompt's, then plain steps')
 
     def start(self, prompt_ids, features=None):
         self.lm.reset()  # the prompt is forwarded at the first expand: a generation of plain steps never pays for it
         self.pending = [int(token) for token in prompt_ids.tolist()]
         self.prefilled = False
         self.slot_nodes, self.drafted = [], False
+        self.undrafted = len(self.pending) - 1
+
+    @property
+    def catch_up_tokens(self) -> int:
+        return self.undrafted
 
     def begin_step(self, root_token):
         if not self.pending or self.pending[-1] != int(root_token):
@@ -80,7 +86,9 @@ class ModelDrafter(Drafter):
     def accept(self, tree, acceptance, features=None):
         if not self.drafted:  # nothing was forwarded this step: every committed token waits for the next one
             self.pending.extend(acceptance.new_tokens)
+            self.undrafted += len(acceptance.new_tokens)
             return
+        self.undrafted = 0
         slot_of = {node: slot for slot, node in enumerate(self.slot_nodes)}
         kept_slots: list[int] = []
         for node in acceptance.path[1:]:  # forwarded accepted nodes keep their rows, until the first that was not
