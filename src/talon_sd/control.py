@@ -117,8 +117,10 @@ Design ("Improvement" marks where this goes past the obvious recipe)
    as endless). Before a catch-up was measured it
    costs nothing (as before). Measured in tests/test_control.py: float32 costs, code-like acceptance,
    a 700-token prompt and 12-step answers: 0.68 of plain when not told, level with plain when told;
-   where drafting pays (bf16 costs) the prefill is paid. The motivating run: the hostile float32
-   reading of docs/BENCHMARKS.md section 5, where sum and qa paid a 0.5B prefill for no gain.
+   where drafting pays (bf16 costs) the prefill is paid. On the real pair (hostile float32 reading of
+   docs/BENCHMARKS.md section 5) qa went from 0.68x to 1.00x of ar; a long prompt whose carried rates
+   promise more than its prefill still pays it (sum, 0.77x: the carried choice, not the prefill,
+   is most of that loss).
 7. Carried samples at a new sequence (:meth:`BudgetController.for_next_sequence`) are scaled by one
    factor so that no candidate's total weight exceeds ``carried_weight`` (8) steps: rates (ratios of
    sums) are unchanged at the start, and after a few steps of its own the new request's acceptance
@@ -126,7 +128,9 @@ Design ("Improvement" marks where this goes past the obvious recipe)
    humaneval (hostile float32, 0.92x/0.68x of ar), where 32 carried samples outweighed a short
    request's 2-12 steps. In the synthetic code -> chat switch (6-step requests, 3 seeds) 8 gave 0.93
    of the best fixed N against 0.91 uncapped; 4 or less lost on the hostile carried test (0.95 of
-   plain against 0.97).
+   plain against 0.97). On the real pair (bf16 sweep, docs/BENCHMARKS.md section 5) it moved gsm8k
+   from 0.91 to 0.95 of the best fixed N but not qa (0.72 -> 0.76): 2-7-step requests are still
+   decided by 8 carried steps' worth, and carried trials land inside them.
 
 Not modelled: keep_growing looks one layer ahead;
 a step stopped early by keep_growing is taken to be what every larger budget would have built (true
