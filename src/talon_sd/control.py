@@ -1045,7 +1045,8 @@ class BudgetController:
         """Design 8 (change point): once ``release_steps`` of this sequence's drafted steps are in, compare
         their mean committed tokens with the carried samples' weighted mean at the largest budget all of
         them inform; if the two differ by more than ``release_ratio`` and by more than ``RELEASE_Z`` standard
-        errors (the carried samples' spread over the own steps' count) the text has changed, and the carried
+        errors (the carried samples' standard deviation, floored at one token, over the square root of the
+        own steps' count) the text has changed, and the carried
         samples are scaled down to one step's weight in all (they still say something of budgets this
         sequence has not tried)."""
         settings = self.settings
