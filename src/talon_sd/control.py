@@ -208,8 +208,9 @@ def _check_int(name: str, value, low: int, expected: str, high: int | None = Non
         raise bad_argument(name, value, expected)
 
 
-def _check_number(name: str, value, expected: str, valid) -> None:
-    if not _is_number(value) or not math.isfinite(value) or not valid(value):
+def _check_number(name: str, value, expected: str, valid, infinite_ok: bool = False) -> None:
+    if (not _is_number(value) or math.isnan(value) or (math.isinf(value) and not infinite_ok)
+            or not valid(value)):
         raise bad_argument(name, value, expected)
 
 
@@ -447,17 +448,15 @@ class ControllerSettings:
         _check_int("max_probe_interval", self.max_probe_interval, self.min_probe_interval,
                    f"an integer >= min_probe_interval={self.min_probe_interval}")
         _check_number("half_life", self.half_life, "a number > 0", lambda x: x > 0)
-        if not (_is_number(self.carried_weight) and self.carried_weight > 0 and not math.isnan(self.carried_weight)):
-            raise bad_argument("carried_weight", self.carried_weight, "a number > 0 (math.inf: no cap)")
+        _check_number("carried_weight", self.carried_weight, "a number > 0 (math.inf: no cap)", lambda x: x > 0,
+                      infinite_ok=True)
         _check_number("probe_catch_up_share", self.probe_catch_up_share, "a number >= 0", lambda x: x >= 0)
-        if not (_is_number(self.release_ratio) and self.release_ratio > 1 and not math.isnan(self.release_ratio)):
-            raise bad_argument("release_ratio", self.release_ratio, "a number > 1 (math.inf: never release)")
-        if not (_is_number(self.exploration_half_life) and self.exploration_half_life > 0
-                and not math.isnan(self.exploration_half_life)):
-            raise bad_argument("exploration_half_life", self.exploration_half_life, "a number > 0 (math.inf: no decay)")
-        if not (_is_number(self.exploration_share) and self.exploration_share >= 0
-                and not math.isnan(self.exploration_share)):
-            raise bad_argument("exploration_share", self.exploration_share, "a number >= 0 (math.inf: no bound)")
+        _check_number("release_ratio", self.release_ratio, "a number > 1 (math.inf: never release)",
+                      lambda x: x > 1, infinite_ok=True)
+        _check_number("exploration_half_life", self.exploration_half_life, "a number > 0 (math.inf: no decay)",
+                      lambda x: x > 0, infinite_ok=True)
+        _check_number("exploration_share", self.exploration_share, "a number >= 0 (math.inf: no bound)",
+                      lambda x: x >= 0, infinite_ok=True)
         _check_number("probe_factor", self.probe_factor, "a number > 1", lambda x: x > 1)
         _check_number("dominance_margin", self.dominance_margin, "a number in [0, 1)", lambda x: 0 <= x < 1)
         _check_number("calibration_decay", self.calibration_decay, "a number in (0, 1]", lambda x: 0 < x <= 1)
@@ -1031,8 +1030,8 @@ class BudgetController:
         """Scale every carried acceptance sample (one from before this sequence) by one factor so that no
         candidate's carried weight exceeds ``limit`` steps: rates (ratios of sums) are unchanged until the
         new sequence's own steps arrive, which then outweigh the carried ones after a few steps (design 7)."""
-        half_life, step, start = self.settings.half_life, self._step, self._sequence_start
-        heaviest = max((sum(s.scale * 0.5 ** ((step - s.index) / half_life) for s in samples if s.index < start)
+        start = self._sequence_start
+        heaviest = max((sum(self._age_weight(s) for s in samples if s.index < start)
                         for samples in self._samples), default=0.0)
         if heaviest <= limit:
             return
@@ -1046,9 +1045,8 @@ class BudgetController:
         their mean committed tokens with the carried samples' weighted mean at the largest budget all of
         them inform; if the two differ by more than ``release_ratio`` and by more than ``RELEASE_Z`` standard
         errors (the carried samples' standard deviation, floored at one token, over the square root of the
-        own steps' count) the text has changed, and the carried
-        samples are scaled down to one step's weight in all (they still say something of budgets this
-        sequence has not tried)."""
+        own steps' count) the text has changed, and the carried samples are scaled down to one step's
+        weight in all (they still say something of budgets this sequence has not tried)."""
         settings = self.settings
         if self._released_at is not None or self._sequence_start == 0 or len(self._own_outcomes) < settings.release_steps:
             return
@@ -1056,11 +1054,11 @@ class BudgetController:
         if index < 0 or self.candidates[index] < 2:
             return
         own = sum(outcomes[index][0] for outcomes in self._own_outcomes) / len(self._own_outcomes)
-        half_life, step, start = settings.half_life, self._step, self._sequence_start
+        start = self._sequence_start
         weight = tokens = squares = 0.0
         for sample in self._samples[index]:
             if sample.index < start:
-                w, committed = sample.scale * 0.5 ** ((step - sample.index) / half_life), sample.outcomes[index][0]
+                w, committed = self._age_weight(sample), sample.outcomes[index][0]
                 weight, tokens, squares = weight + w, tokens + w * committed, squares + w * committed * committed
         if weight < 1.0:  # too little carried to disagree with
             return
@@ -1095,12 +1093,16 @@ class BudgetController:
             other_seconds += weight * (overhead[forwards] + draft[forwards] + verify[size])
         return tokens, seconds, other_tokens, other_seconds
 
+    def _age_weight(self, sample: _Sample) -> float:
+        """A sample's weight now: its carried scale times ``0.5 ** (age / half_life)`` (design 2)."""
+        return sample.scale * 0.5 ** ((self._step - sample.index) / self.settings.half_life)
+
     def _prepare(self, sample: _Sample) -> None:
         cumulative, draft = [0.0], self._draft_table
         for width in sample.widths:
             cumulative.append(cumulative[-1] + draft[width])
         sample.cumulative_draft = cumulative
-        sample.weight = sample.scale * 0.5 ** ((self._step - sample.index) / self.settings.half_life)
+        sample.weight = self._age_weight(sample)
         sample.stamp = self._version
 
     def _estimate_rates(self) -> dict[int, float]:
