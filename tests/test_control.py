@@ -721,3 +721,37 @@ def test_trials_stop_when_they_have_lost_their_share_of_the_time():
             assert controller.summary()["exploration_lost_seconds"] > 0  # a trial lost, and then none started
     assert trials[0.0] < trials[math.inf], trials
     assert rates[0.0] >= 0.97 * simulate(world, 300, 1).rate()
+
+
+def test_a_small_drafted_choice_probes_the_next_rungs_and_climbs_back():
+    # bf16 costs: a poor stretch pulls the choice down to N = 3-5, then a better text comes (best fixed N
+    # 4-8). A trial from a drafted choice probes max(2 x choice, initial_budget), never further: from N = 3
+    # that informs 4-8 at little cost, where a probe of 16-40 (twice as far after each lost trial, as from
+    # plain decoding) cost the real sweep's sum and mt_bench requests (docs/BENCHMARKS.md section 5) and
+    # kept 60-step requests at N = 2-3. The request gets back near its best fixed budget.
+    verify = measured_curve(CPU_FACTS_MS["bf16"])
+    poor = World(verify=verify, draft=lambda width: 0.3 * verify(width), other=0.005, agree=0.5, confidence=(0.2, 0.6))
+    better = World(verify=poor.verify, draft=poor.draft, other=0.005, agree=0.85, confidence=(0.4, 0.95))
+    initial = ControllerSettings().initial_budget
+    ratios, probes = [], []
+    for seed in range(6):
+        controller = BudgetController(ControllerSettings())
+        simulate(poor, 40, controller, seed=seed)
+        if controller.choice == 1:  # from plain decoding the probes do go further (design 3a)
+            continue
+        follower = controller.for_next_sequence()
+        run = Run()
+        for index in range(60):
+            budget = follower.next_budget()
+            if budget > follower.choice > 1:
+                probes.append((follower.choice, budget))
+            record = simulate_step(better, 100 + seed, index, budget, follower, 1)
+            follower.observe(record)
+            run.budgets.append(budget)
+            run.tokens.append(len(record.accepted) + 1)
+            run.seconds.append(sum(record.draft_seconds) + record.verify_seconds + record.other_seconds)
+        best = max(simulate(better, 60, k, seed=100 + seed).rate() for k in (2, 3, 4, 6, 8, 12, 16, 24))
+        ratios.append(run.rate() / best)
+    assert len(ratios) >= 3 and probes
+    assert all(budget <= max(2 * choice, initial) for choice, budget in probes), probes
+    assert sorted(ratios)[len(ratios) // 2] >= 0.96, ratios  # 0.95 when lost trials probed twice as far

@@ -69,10 +69,11 @@ Design ("Improvement" marks where this goes past the obvious recipe)
    (from plain, ``plain_probe_budget``): from a choice that fell to N = 2-3 after a poor stretch,
    twice the choice is too small to show what the budgets it left would do (alpaca, section 5). Trials start ``min_probe_interval`` steps apart; the interval doubles each
    time a trial does not move the choice up, up to ``max_probe_interval``, and resets when one does.
-   Improvements: (a) each lost trial aims twice as far as the last (``probe_levels`` levels, then
-   over), because the rate need not be unimodal in N: on the measured float32 CPU curve with code-like
-   acceptance (tests/test_control.py) budgets 2-5 lose to plain decoding while 8 wins (one draft
-   forward more for about the same verify cost); (b) dominance: a probe is
+   Improvements: (a) from plain decoding, each lost trial aims twice as far as the last
+   (``probe_levels`` levels, then over), because the rate need not be unimodal in N there: on the
+   measured float32 CPU curve with code-like acceptance (tests/test_control.py) budgets 2-5 lose to
+   plain decoding while 8 wins (one draft forward more for about the same verify cost); from a drafted
+   choice the probe stays at the next rungs (design 10); (b) dominance: a probe is
    skipped (and counted as lost) when even its optimistic rate, ``max over F < k of (F + 1) /
    (overhead(F) + F draft(1) + verify(k))`` (each draft forward adds at most one layer, so F forwards
    accept at most F drafts), is below ``(1 - dominance_margin)`` x the current rate: where verifying
@@ -153,6 +154,17 @@ Design ("Improvement" marks where this goes past the obvious recipe)
    finished sequences that outlasted this one's tokens so far went on to commit (15 tokens into a run of
    20-token answers, 5 are left), capped by ``tokens_left``; three, not sixteen, so that a run of short
    answers after long ones is seen by the third.
+
+10. Probes from a drafted choice stay near it: the probe is always the smallest candidate >= max(``probe_factor``
+   x choice, ``initial_budget``); only from plain decoding do lost trials aim further (design 3a). Between
+   two drafted budgets the rate is about unimodal in N (a node more costs a little more verify, a layer
+   more one draft forward), and a probe of 8 from N = 3 informs every rung 4-8 at about the cost of one
+   more draft forward. The motivating run (bf16 sweep, docs/BENCHMARKS.md section 5, sweep 8): sum and
+   mt_bench requests sat at N = 2-3 for 30-60 steps (auto 0.87 and 0.96 of the best fixed N) while their
+   trials, twice as far after each loss, went to 32-64 nodes, lost, doubled the interval and used up the
+   exploration bound. In tests/test_control.py's poor -> better text switch (bf16 costs) the request
+   reaches a median 0.98 of its best fixed N (0.95 before); levels from plain stay (the float32 code
+   world left plain decoding for N = 8 at 0.95-0.98 of the best with them, 0.93-0.97 without).
 
 Not modelled: keep_growing looks one layer ahead;
 a step stopped early by keep_growing is taken to be what every larger budget would have built (true
@@ -377,7 +389,8 @@ class ControllerSettings:
     probe_factor            a trial probes the smallest candidate >= probe_factor x the current choice
                             (and >= initial_budget)
     plain_probe_budget      ... and from plain (N = 1), the smallest candidate >= this
-    probe_levels            after a lost trial the next probes twice as far, up to 2 ** (levels - 1) x
+    probe_levels            from plain decoding, after a lost trial the next probes twice as far, up to
+                            2 ** (levels - 1) x
     probe_steps             steps per trial (more while the probe has fewer than min_steps samples)
     min_probe_interval      steps between trials after one that moved the choice up (and at the start)
     max_probe_interval      cap of the interval, which doubles after each trial that did not
@@ -1159,7 +1172,9 @@ class BudgetController:
         # from a tiny choice (2-3), twice the choice says nothing of the larger budgets left behind
         base = settings.plain_probe_budget if choice == 1 else max(settings.probe_factor * choice,
                                                                    settings.initial_budget)
-        target = base * 2 ** self._probe_level  # each lost trial probes twice as far, then starts over
+        # from plain decoding each lost trial probes twice as far, then starts over (design 3a); from a
+        # drafted choice always the next rungs up to base (design 10)
+        target = base * 2 ** (self._probe_level if choice == 1 else 0)
         top = next((k for k in above if k >= target), above[-1])
         reference = self._rates.get(choice)
         probe = next((k for k in reversed(above) if k <= top and not self._dominated(k, reference)), None)
