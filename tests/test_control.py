@@ -58,6 +58,7 @@ class World:
 @dataclass
 class Run:
     budgets: list[int] = field(default_factory=list)  # [steps] budget each step was given
+    choices: list[int] = field(default_factory=list)  # [steps] the controller's choice when it gave it (controller runs)
     tokens: list[int] = field(default_factory=list)  # [steps] committed tokens (bonus included)
     seconds: list[float] = field(default_factory=list)  # [steps] simulated wall time
 
@@ -154,6 +155,7 @@ def simulate(world_at: Callable[[int], World] | World, steps: int | None, policy
         left = None if tokens is None else tokens - sum(run.tokens)
         if controller is not None:
             budget = controller.next_budget(pending - 1 if tell_catch_up else 0, left if tell_catch_up else None)
+            run.choices.append(controller.choice)
         else:
             budget = policy
         record = simulate_step(world_of(index), seed, index, budget, controller, pending)
@@ -739,17 +741,8 @@ def test_a_small_drafted_choice_probes_the_next_rungs_and_climbs_back():
         simulate(poor, 40, controller, seed=seed)
         if controller.choice == 1:  # from plain decoding the probes do go further (design 3a)
             continue
-        follower = controller.for_next_sequence()
-        run = Run()
-        for index in range(60):
-            budget = follower.next_budget()
-            if budget > follower.choice > 1:
-                probes.append((follower.choice, budget))
-            record = simulate_step(better, 100 + seed, index, budget, follower, 1)
-            follower.observe(record)
-            run.budgets.append(budget)
-            run.tokens.append(len(record.accepted) + 1)
-            run.seconds.append(sum(record.draft_seconds) + record.verify_seconds + record.other_seconds)
+        run = simulate(better, 60, controller.for_next_sequence(), seed=100 + seed)
+        probes += [(choice, budget) for choice, budget in zip(run.choices, run.budgets) if budget > choice > 1]
         best = max(simulate(better, 60, k, seed=100 + seed).rate() for k in (2, 3, 4, 6, 8, 12, 16, 24))
         ratios.append(run.rate() / best)
     assert len(ratios) >= 3 and probes
