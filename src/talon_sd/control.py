@@ -175,7 +175,8 @@ Design ("Improvement" marks where this goes past the obvious recipe)
    the same probe budget lost against the choice's rate (their catch-up left out; a running mean that
    halves the old value at each new trial; a won trial counts its gain as nothing) is at most
    ``trial_cost_share`` (5%) of the plain seconds of the tokens the sequence is expected to have left
-   (design 9's E); otherwise it is postponed (``probes["postponed"]``, the schedule unchanged). Design
+   (design 9's E; the bound was 10% and on the catch-up alone before); otherwise it is postponed to the
+   next step (``probes["postponed"]`` counts such steps; the schedule is unchanged). Design
    6 bounded only the catch-up, and design 8's exploration bound is local in steps, not in requests: in
    float32 at temperature 1 (docs/BENCHMARKS.md section 5, sixth hostile reading) every trial from plain
    decoding lost, and one 2-step trial of 16 nodes on a 16-token QA answer cost a fifth of it, while the
