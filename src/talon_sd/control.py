@@ -760,7 +760,7 @@ class BudgetController:
         self._trial_loss = 0.0  # seconds the running trial lost so far against that rate, its catch-up left out
         self._trial_losses: dict[int, float] = {}  # by probe budget: what its last trials lost (design 11)
         self._last_plain = 0
-        self._drafted = [False, True]  # a drafted step ran in (this sequence, the previous one)
+        self._drafted_before = True  # the previous sequence ran a drafted step (this one's: _own_outcomes)
         self._interval = settings.min_probe_interval
         self._next_trial = settings.min_probe_interval
         self._trial_budget: int | None = None
@@ -796,7 +796,7 @@ class BudgetController:
             follower._lengths.append(math.inf if follower._cut_by_limit else follower._sequence_tokens)
         follower._sequence_tokens = 0
         follower._sequence_start = follower._step
-        follower._drafted = [False, self._drafted[0]]
+        follower._drafted_before = bool(self._own_outcomes)
         follower._own_outcomes = []
         follower._released_at = None
         follower._cap_carried_weight(follower.settings.carried_weight)
@@ -838,7 +838,7 @@ class BudgetController:
                 # a drafted choice that ran no drafted step in this sequence or the last one (catch-up skips)
                 # runs itself before a trial probes above it (design 11)
                 if (self._step >= self._next_trial and budget < self.candidates[-1] and budget in self._rates
-                        and (budget == 1 or any(self._drafted))
+                        and (budget == 1 or self._own_outcomes or self._drafted_before)
                         and self._trial_affordable(catch_up, expected) and self._exploration_affordable()):
                     budget = self._start_trial(catch_up, expected)
                 if self._trial_left == 0 and budget > 1 and not self._worth_catching_up(budget, catch_up, expected):
@@ -930,14 +930,13 @@ class BudgetController:
         if self._trial_left > 0 and self._trial_reference:  # what the trial step cost against the choice
             lost = seconds - (len(record.accepted) + 1) / self._trial_reference
             self._lost_seconds += lost
-            self._trial_loss += lost - (self._catch_up_seconds(self._catch_up_tokens) if catching_up else 0.0)
+            self._trial_loss += lost - self._catch_up_seconds(self._catch_up_tokens)
         self._previous_plain = forwards == 0
         self._catch_up_tokens = 0
         self._sequence_tokens += len(record.accepted) + 1
         self._cut_by_limit = self._tokens_left is not None and len(record.accepted) + 1 >= self._tokens_left
         if forwards == 0:
             self._last_plain = self._step
-        self._drafted[0] = self._drafted[0] or forwards > 0
         self._step += 1
         self._version += 1
         self._planned = None
