@@ -26,6 +26,7 @@ import pytest
 from talon_sd.control import (
     DEFAULT_LADDER,
     BudgetController,
+    Predictability,
     ControllerSettings,
     CostCurve,
     CostPrior,
@@ -53,6 +54,7 @@ class World:
     mu: float = 0.03
     noise: float = 0.05  # relative standard deviation of every measured time
     catch_up: float = 0.0  # extra seconds of a step's first draft forward per token committed without drafting
+    report_confidence: bool = True  # steps report the target's confidence per committed token (design 12)
 
 
 @dataclass
@@ -137,7 +139,15 @@ def simulate_step(world: World, seed: int, index: int, budget: int, controller: 
         forward_widths=tuple(widths), prefix_after_forward=tuple(prefix), draft_seconds=tuple(draft_seconds),
         verify_seconds=measured(world.verify(len(log_p))), other_seconds=measured(world.other),
         budget=budget, complete=len(log_p) < budget,
+        confidence=tuple(target_confidence(world, *at_depth(d)) for d in range(1, len(accepted) + 2))
+        if world.report_confidence else (),
     )
+
+
+def target_confidence(world: World, confidence: float, agree_draw: float, rank_draw: float) -> float:
+    """The target's top-1 probability at a position: the draft's where the target's token is among the
+    draft's (a draft calibrated to the target), half of it where it is not."""
+    return confidence if agree_draw < world.agree else 0.5 * confidence
 
 
 def simulate(world_at: Callable[[int], World] | World, steps: int | None, policy: BudgetController | int,
@@ -327,9 +337,11 @@ def test_a_long_prompts_catch_up_is_charged_to_drafting():
     # Float32 on this CPU with code-like acceptance: drafting about breaks even, and the draft LM's first
     # forward of a request also prefills a 700-token prompt (5 ms a token: 3.5 s, about a whole 24-token
     # answer's worth of plain steps). Told the catch-up, the controller measures it in the first request and
-    # runs the later ones plain; not told, it pays the prefill in every request (0.67 of plain here).
+    # runs the later ones plain; not told, it pays the prefill in every request (0.67 of plain here). The
+    # target's confidence is not reported: design 12's trial gate would keep the blind controller plain too.
     verify = measured_curve(CPU_FACTS_MS["fp32"])
-    world = World(verify=verify, draft=lambda width: 0.3 * verify(width), other=0.005, catch_up=0.005, **CODE)
+    world = World(verify=verify, draft=lambda width: 0.3 * verify(width), other=0.005, catch_up=0.005,
+                  report_confidence=False, **CODE)
     plain = run_requests(world, 8, None, 1, prompt=700, skip=1, tokens=24)
     told = run_requests(world, 8, None, "carried", prompt=700, skip=1, tokens=24)
     blind = run_requests(world, 8, None, "carried", prompt=700, skip=1, tell_catch_up=False, tokens=24)
@@ -651,6 +663,8 @@ def test_plain_budget_without_plain_steps_is_refused():
     {"accepted": (1, 6)},  # 6 is not a child of 1
     {"budget": 12},  # a tree of 10 from budget 12 is complete
     {"verify_seconds": -1.0},
+    {"confidence": (0.9, 0.8)},  # 4 tokens committed (3 accepted + the bonus), 2 confidences
+    {"confidence": (0.9, 0.8, 1.5, 0.7)},  # not a probability
 ])
 def test_inconsistent_records_raise_value_error(change):
     with pytest.raises(ValueError):
@@ -794,3 +808,80 @@ def test_a_drafted_choice_that_only_plain_steps_ran_runs_itself_before_a_trial()
         controller = controller.for_next_sequence()
         run = simulate(code, None, controller, seed=seed + 20, prompt=30, tokens=64)
         assert run.budgets[0] == run.choices[0] > 1, (run.budgets[:4], run.choices[:4])
+
+
+def confident_chain(accepted: int, confidence: tuple[float, ...]) -> StepRecord:
+    """A drafted chain of 4 nodes (three forwards of width 1) that stopped short of its budget of 8, with
+    ``accepted`` drafts accepted."""
+    return StepRecord(node_log_p=(0.0, -0.1, -0.2, -0.3), node_parent=(-1, 0, 1, 2), accepted=tuple(range(1, accepted + 1)),
+                      forward_widths=(1, 1, 1), prefix_after_forward=(2, 3, 4), draft_seconds=(0.1, 0.1, 0.1),
+                      verify_seconds=0.3, other_seconds=0.0, budget=8, complete=True, confidence=confidence)
+
+
+def test_predictability_learns_how_often_the_tree_holds_the_targets_next_token_by_its_confidence():
+    predictability = Predictability(window=4, decay=1.0, prior_strength=2.0)
+    for _ in range(40):  # the draft keeps up where the target is sure (0.98), never where it is not (0.4)
+        predictability.observe(confident_chain(1, (0.98, 0.4)))
+        predictability.observe(confident_chain(2, (0.98, 0.98, 0.4)))
+    assert predictability.follow(0.98) > 0.95 and predictability.follow(0.4) < 0.1
+    # every step's confidences join the recent window, a plain step's too; the window keeps the last 4
+    plain = StepRecord(node_log_p=(0.0,), node_parent=(-1,), accepted=(), forward_widths=(), prefix_after_forward=(),
+                       draft_seconds=(), verify_seconds=0.1, other_seconds=0.0, budget=1, complete=False,
+                       confidence=(0.6,))
+    for _ in range(4):
+        predictability.observe(plain)
+    assert list(predictability.recent) == [0.6] * 4
+    assert predictability.follow(0.6) == pytest.approx(0.8)  # the prior at the bin's middle: 0.6 + (1 - 0.6) / 2
+    assert predictability.chain_tokens(2) == pytest.approx([1.0, 1.8, 1.8 + 0.8 ** 2])
+
+
+def test_the_targets_confidence_keeps_trials_off_text_they_cannot_win_and_starts_them_where_they_can():
+    # Float32 costs: on chat-like text (draft and target agree less, the target is less sure) every tree
+    # loses to plain decoding; on predictable code N = 8 is 1.13x plain. Six 64-token chat requests, then
+    # four of code. Design 12 reads each step's target confidence: on chat the trials the schedule asks for
+    # are postponed ("unpredictable"), on code a trial starts as soon as the text shows it can win. Without
+    # it (predict_trials=False): chat 0.966 of plain, code 1.003; with it 0.982 and 1.029 (6 seeds).
+    verify = measured_curve(CPU_FACTS_MS["fp32"])
+
+    def world(**acceptance) -> World:
+        return World(verify=verify, draft=lambda width: 0.3 * verify(width), other=0.005, catch_up=0.005, **acceptance)
+
+    chat, code = world(agree=0.8, confidence=(0.3, 0.9)), world(agree=0.98, confidence=(0.85, 0.999))
+    means, unpredictable = {}, 0
+    for predict in (False, True):
+        ratios = {"chat": [], "code": []}
+        for seed in range(6):
+            controller = None
+            for block, text, requests in (("chat", chat, 6), ("code", code, 4)):
+                tokens = seconds = plain_tokens = plain_seconds = 0.0
+                for request in range(requests):
+                    controller = (BudgetController(ControllerSettings(predict_trials=predict)) if controller is None
+                                  else controller.for_next_sequence())
+                    run_seed = 100 * seed + 10 * request + (block == "code")
+                    run = simulate(text, None, controller, seed=run_seed, prompt=60, tokens=64)
+                    plain = simulate(text, None, 1, seed=run_seed, prompt=60, tokens=64)
+                    tokens, seconds = tokens + sum(run.tokens), seconds + sum(run.seconds)
+                    plain_tokens, plain_seconds = plain_tokens + sum(plain.tokens), plain_seconds + sum(plain.seconds)
+                    unpredictable += controller.summary()["probes"].get("unpredictable", 0)
+                ratios[block].append((tokens / seconds) / (plain_tokens / plain_seconds))
+        means[predict] = {block: sum(values) / len(values) for block, values in ratios.items()}
+    assert unpredictable > 0
+    assert means[True]["chat"] >= means[False]["chat"] + 0.01, means
+    assert means[True]["code"] >= means[False]["code"] + 0.015, means
+    assert means[True]["code"] > 1.01, means
+
+
+def test_the_loop_reports_the_targets_top1_probability_before_each_committed_token():
+    import torch
+
+    from talon_sd.decoding import target_confidence
+    from talon_sd.verify import Acceptance
+
+    logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 5.0, 1.0], [9.0, 0.0, 0.0]])  # [N=4, V=3]
+    acceptance = Acceptance(path=[0, 2], tokens=[1], bonus_token=1)  # root, then node 2; node 1 and 3 not on the path
+    expected = [torch.softmax(logits[row], -1).max().item() for row in (0, 2)]
+    assert target_confidence(logits, acceptance) == pytest.approx(expected)
+    record = StepRecord(node_log_p=(0.0, -0.5), node_parent=(-1, 0), accepted=(1,), forward_widths=(1,),
+                        prefix_after_forward=(2,), draft_seconds=(0.1,), verify_seconds=0.2, other_seconds=0.0,
+                        budget=2, complete=False, confidence=target_confidence(logits, acceptance))
+    assert len(record.confidence) == len(record.accepted) + 1

@@ -190,6 +190,35 @@ Design ("Improvement" marks where this goes past the obvious recipe)
    request, where a fresh controller learns its costs, stays the lowest (0.91 -> 0.94). The bf16
    scenarios of design 10 were unchanged or better (short chat requests 0.976 -> 0.983 of the best fixed N).
 
+12. The target's confidence says what text it is (:class:`Predictability`). Every step, a plain one too,
+   reports the target's top-1 probability before each token it commits (``StepRecord.confidence``, one
+   softmax row per committed token, 0.3-1 ms a step on this CPU). On 40 training answers of the packaged
+   Qwen pair (teacher-forced, bf16) the 0.5B draft's greedy token matched the 1.5B target's with
+   probability 0.36 / 0.48 / 0.65 / 0.85 / 0.95 / 0.99 at target confidence < 0.3 / 0.3-0.5 / 0.5-0.7 /
+   0.7-0.9 / 0.9-0.97 / >= 0.97, and per answer the mean confidence and the agreement correlate (r = 0.73):
+   what plain steps see predicts what drafting would accept, for free. The controller learns, per bin of
+   confidence, how often the tree held the token the target committed next (decayed Beta posteriors over
+   every expanded accepted-path position; prior: the draft's top-1 misses at rate 1 - q and the tree
+   catches half of that), and replays the last ``confidence_window`` (16) confidences as a chain: the
+   tokens a step of F forwards would commit on text like that. A budget's predicted rate is that over the
+   seconds its own informing samples cost (their forwards and tree sizes; from any text, as cost hardly
+   depends on it), or, without samples, the optimistic chain bound of design 3b. From plain decoding,
+   (a) a due trial runs the largest probe level (design 3a) whose predicted rate reaches (1 -
+   ``dominance_margin``) of plain decoding's, and is postponed while none does (``probes["unpredictable"]``
+   counts such steps; the schedule is not pushed back, so the trial runs when the text allows); (b) a
+   probe level predicted to beat plain decoding by ``PREDICTED_WIN`` (10%) starts a trial before it is
+   due, at most once every ``min_probe_interval`` steps after the last trial: a change to predictable
+   text is tried when it shows, not when the doubled interval says. Both are still bounded by designs 8
+   and 11. Improvement over designs 8-11, which bound what trials may lose but place them blindly: those
+   runs' trials from plain decoding fell on chat (hostile float32 readings 4-7, all lost) while the code
+   requests where drafting wins in float32 (readings 3-4, 1.1-1.2x) got none. In tests/test_control.py's
+   float32 chat -> code sequence (N = 8 is 1.13x plain on the code) the chat requests went from 0.966 to
+   0.982 of plain and the code requests from 1.003 to 1.029. In a bench-like float32 sequence of six
+   dataset-like worlds (2 requests each, 8 seeds, greedy- and T = 1-like acceptance) the chat-like ones
+   rose from 0.94-0.98 to 0.97-1.00 of plain, while a code world where no fixed N beats plain fell from
+   1.00 to 0.98-0.99 and 16-token QA answers from 1.00 to 0.99 (trials now run there, and lose); bf16
+   scenarios were level or better (a request after 40 poor steps: worst 0.68 -> 0.92 of the best fixed N).
+
 Not modelled: keep_growing looks one layer ahead;
 a step stopped early by keep_growing is taken to be what every larger budget would have built (true
 up to keep_growing's own dependence on the budget).
@@ -214,6 +243,9 @@ DEFAULT_LADDER = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64)
 DEFAULT_CALIBRATION_EDGES = (0.0, -0.1, -0.25, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0, -8.0)  # then -inf
 LENGTHS_KEPT = 3  # finished sequences whose lengths estimate the tokens a request has left (design 9)
 RELEASE_Z = 2.5  # a change point also needs the own mean this many standard errors from the carried one
+CONFIDENCE_EDGES = (0.3, 0.5, 0.7, 0.85, 0.95, 0.99)  # bins of the target's top-1 probability (design 12)
+PREDICTED_WIN = 1.1  # from plain, a probe predicted this much faster starts a trial before it is due (design 12)
+FOLLOW_PRIOR_SHARE = 0.5  # prior: a tree catches this share of what the draft's top-1 misses (design 12)
 CHILD_PRIOR_SHARE = 0.7  # prior: an accepted, expanded node has one of its drafted children accepted 70% of the time
 
 
@@ -268,6 +300,8 @@ class StepRecord:
     budget                the budget the controller asked for (M <= budget)
     complete              the builder stopped BEFORE reaching the budget (early stop or nothing left to
                           add): a larger budget would have given the same tree
+    confidence            [A + 1] the target's top-1 probability at the root and at each accepted node, i.e.
+                          before each committed token (design 12); () when the loop does not report it
     """
 
     node_log_p: tuple[float, ...]
@@ -280,10 +314,11 @@ class StepRecord:
     other_seconds: float
     budget: int
     complete: bool
+    confidence: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("node_log_p", "node_parent", "accepted", "forward_widths", "prefix_after_forward",
-                     "draft_seconds"):
+                     "draft_seconds", "confidence"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
         size, forwards = len(self.node_log_p), len(self.forward_widths)
         if size < 1:
@@ -318,6 +353,10 @@ class StepRecord:
         if not self.complete and size != self.budget:
             raise ValueError(f"StepRecord.complete: False, but the tree has {size} < budget {self.budget} nodes "
                              "(a tree short of its budget is complete)")
+        if self.confidence and (len(self.confidence) != len(self.accepted) + 1
+                                or not all(_is_number(q) and 0.0 <= q <= 1.0 for q in self.confidence)):
+            raise ValueError(f"StepRecord.confidence: {len(self.confidence)} values for {len(self.accepted) + 1} "
+                             "committed tokens; expected () or one probability in [0, 1] per committed token")
 
     @property
     def size(self) -> int:
@@ -374,6 +413,17 @@ def expanded_positions(record: StepRecord) -> list[int]:
         prefix = record.prefix_after_forward
         return [0] + list(range(1, prefix[-2] if len(prefix) >= 2 else 1))
     return sorted(set(record.node_parent[1:]))
+
+
+def fully_expanded_positions(record: StepRecord) -> list[int]:
+    """:func:`expanded_positions` less the parents of a last layer the budget cut (they lost children to the
+    budget, not to the draft)."""
+    expanded = expanded_positions(record)
+    forwards = len(record.forward_widths)
+    if not record.complete and forwards >= 2 and is_layered(record):
+        last_frontier_start = record.prefix_after_forward[-3] if forwards >= 3 else 1
+        expanded = [p for p in expanded if p < last_frontier_start]
+    return expanded
 
 
 # ---------------------------------------------------------------------------------------------- settings
@@ -435,6 +485,9 @@ class ControllerSettings:
     exploration_share       a trial starts only while the seconds trials lost against the choice's rate are at
                             most this share of the seconds observed (bounded regret, design 8) ...
     exploration_half_life   ... both counted with weights halving every this many steps (math.inf: all alike)
+    predict_trials          from plain decoding, postpone a trial while the target's confidence on the last
+                            ``confidence_window`` tokens says the probe cannot win (design 12)
+    confidence_window       committed tokens whose confidence the prediction replays
     """
 
     max_budget: int = 64
@@ -463,9 +516,11 @@ class ControllerSettings:
     release_steps: int = 2
     exploration_share: float = 0.05
     exploration_half_life: float = 64.0
+    predict_trials: bool = True
+    confidence_window: int = 16
 
     def __post_init__(self) -> None:
-        for name in ("allow_plain", "early_stop"):
+        for name in ("allow_plain", "early_stop", "predict_trials"):
             if not isinstance(getattr(self, name), bool):
                 raise bad_argument(name, getattr(self, name), "True or False")
         _check_int("max_budget", self.max_budget, 1 if self.allow_plain else 2,
@@ -478,7 +533,7 @@ class ControllerSettings:
         object.__setattr__(self, "ladder", tuple(sorted(set(self.ladder))))
         for name, low in (("window", 1), ("min_steps", 1), ("plain_probe_budget", 2), ("probe_steps", 1),
                           ("probe_levels", 1), ("min_probe_interval", 1), ("cost_samples", 1),
-                          ("plain_refresh_interval", 0), ("release_steps", 1)):
+                          ("plain_refresh_interval", 0), ("release_steps", 1), ("confidence_window", 1)):
             _check_int(name, getattr(self, name), low, f"an integer >= {low}")
         if self.min_steps > self.window:
             raise bad_argument("min_steps", self.min_steps, f"at most window={self.window}")
@@ -674,13 +729,7 @@ class Calibration:
             if position in accepted:
                 self.accepted_nodes[b] += 1.0
         with_accepted_child = {record.node_parent[position] for position in record.accepted}
-        expanded = expanded_positions(record)
-        forwards = len(record.forward_widths)
-        if not record.complete and forwards >= 2 and is_layered(record):
-            # the budget cut the last layer: its parents lost children to the budget, not to the draft
-            last_frontier_start = record.prefix_after_forward[-3] if forwards >= 3 else 1
-            expanded = [p for p in expanded if p < last_frontier_start]
-        for position in expanded:
+        for position in fully_expanded_positions(record):
             b = self.bin(log_p[position])
             self.expanded[b] += 1.0
             if position in with_accepted_child:
@@ -697,6 +746,68 @@ class Calibration:
         return [{"log_p": label, "accepted": round(a, 4), "child_accepted": round(e, 4), "nodes": round(n, 2),
                  "expanded": round(x, 2)}
                 for label, a, e, n, x in zip(labels, self.accept, self.child, self.nodes, self.expanded)]
+
+
+class Predictability:
+    """How predictable the current text is, from the target's own confidence (design 12).
+
+    ``recent``: the target's top-1 probability before each of the last ``window`` committed tokens, which
+    every step reports, a plain step too. ``follow(q)``: P(the tree holds the token the target commits
+    next | the target's top-1 probability there is q), learned from drafted steps at every accepted-path
+    position whose node was expanded, per bin of q (``CONFIDENCE_EDGES``) as decayed Beta posteriors; prior
+    ``q + (1 - q) / 2`` at the bin's middle (a tree catches about half of what the draft's top-1 misses).
+    :meth:`chain_tokens` replays the recent confidences as a chain: the committed tokens a step of F
+    forwards would expect on text like the last ``window`` tokens."""
+
+    def __init__(self, window: int, decay: float, prior_strength: float) -> None:
+        self.recent: deque[float] = deque(maxlen=window)  # [<= window] oldest first
+        self.decay, self.strength = decay, prior_strength
+        lows = (0.0,) + CONFIDENCE_EDGES
+        highs = CONFIDENCE_EDGES + (1.0,)
+        self.prior = [m + FOLLOW_PRIOR_SHARE * (1.0 - m) for m in ((a + b) / 2 for a, b in zip(lows, highs))]
+        self.seen = [0.0] * len(self.prior)  # decayed expanded positions per bin
+        self.held = [0.0] * len(self.prior)  # ... whose next committed token was in the tree
+        self.follow_table = list(self.prior)
+
+    def follow(self, q: float) -> float:
+        return self.follow_table[bisect_right(CONFIDENCE_EDGES, q)]
+
+    def observe(self, record: StepRecord) -> None:
+        if not record.confidence:
+            return
+        self.recent.extend(record.confidence)
+        if not record.forward_widths:
+            return
+        for counts in (self.seen, self.held):
+            for i in range(len(counts)):
+                counts[i] *= self.decay
+        expanded = set(fully_expanded_positions(record))
+        path = (0,) + record.accepted
+        for depth, (node, q) in enumerate(zip(path, record.confidence)):
+            if node in expanded:  # the draft had its chance at the next token
+                b = bisect_right(CONFIDENCE_EDGES, q)
+                self.seen[b] += 1.0
+                self.held[b] += depth < len(record.accepted)
+        s = self.strength
+        self.follow_table = [(hit + s * prior) / (n + s) for hit, n, prior in zip(self.held, self.seen, self.prior)]
+
+    def chain_tokens(self, forwards: int) -> list[float]:
+        """[forwards + 1] expected committed tokens of a chain of 0 .. forwards draft forwards, averaged over
+        the recent positions as starting points (past the window's end, its mean follow); [] when empty."""
+        follows = [self.follow(q) for q in self.recent]
+        if not follows:
+            return []
+        mean = sum(follows) / len(follows)
+        totals = [0.0] * (forwards + 1)
+        for start in range(len(follows)):
+            survive, tokens = 1.0, 1.0
+            totals[0] += 1.0
+            for j in range(1, forwards + 1):
+                i = start + j - 1
+                survive *= follows[i] if i < len(follows) else mean
+                tokens += survive
+                totals[j] += tokens
+        return [t / len(follows) for t in totals]
 
 
 # ---------------------------------------------------------------------------------------------- controller
@@ -732,6 +843,8 @@ class BudgetController:
         self.draft_cost = CostCurve(settings.cost_samples, prior.draft_seconds)  # by forward width
         self.overhead_cost = CostCurve(settings.cost_samples, prior.overhead_seconds)  # by draft forwards per step
         self.catch_up_cost = CostCurve(settings.cost_samples)  # by catch-up tokens (bucketed): extra first-forward seconds
+        self.predictability = Predictability(settings.confidence_window, settings.calibration_decay,
+                                             settings.calibration_prior_strength)
         self.calibration = Calibration(settings.calibration_edges, settings.calibration_decay,
                                        settings.calibration_prior_strength)
         self._samples = [deque(maxlen=settings.window) for _ in self.candidates]  # per candidate
@@ -764,6 +877,7 @@ class BudgetController:
         self._interval = settings.min_probe_interval
         self._next_trial = settings.min_probe_interval
         self._trial_budget: int | None = None
+        self._last_trial_end = 0  # the step the last trial ended at (design 12)
         self._probe_level = 0  # trials since the last win, modulo probe_levels
         self._trial_left = 0
         self._rates: dict[int, float] = {}
@@ -837,7 +951,8 @@ class BudgetController:
             else:
                 # a drafted choice that ran no drafted step in this sequence or the last one (catch-up skips)
                 # runs itself before a trial probes above it (design 11)
-                if (self._step >= self._next_trial and budget < self.candidates[-1] and budget in self._rates
+                if ((self._step >= self._next_trial or self._predicted_win()) and budget < self.candidates[-1]
+                        and budget in self._rates
                         and (budget == 1 or self._own_outcomes or self._drafted_before)
                         and self._trial_affordable(catch_up, expected) and self._exploration_affordable()):
                     budget = self._start_trial(catch_up, expected)
@@ -918,6 +1033,7 @@ class BudgetController:
             if forwards > 0:
                 self._own_outcomes.append(outcomes)
                 self._release_if_changed()
+        self.predictability.observe(record)
         if forwards > 0:
             self.calibration.observe(record)
             decay = self.settings.calibration_decay
@@ -1027,6 +1143,62 @@ class BudgetController:
                 return math.inf
             best = max(best, (forwards + 1) / seconds)
         return best
+
+    def _predicted_rate(self, budget: int) -> float | None:
+        """rate(budget) on text like the last ``confidence_window`` committed tokens (design 12), None without
+        confidences. With drafted steps that inform ``budget`` (from any text: the tree's shape and cost
+        hardly depend on it), their weighted mean of chain_tokens(F) over their weighted mean seconds (F: the
+        forwards each would have run); without, the bound max over F < budget of chain_tokens(F) /
+        (overhead(F) + F draft(1) + verify(budget))."""
+        tokens = self.predictability.chain_tokens(budget - 1)
+        if not tokens:
+            return None
+        samples = self._samples[self._index_of[budget]]
+        if samples:
+            index, verify, overhead = self._index_of[budget], self._verify_table, self._overhead_table
+            weight = expected = seconds = 0.0
+            for sample in samples:
+                if sample.stamp != self._version:
+                    self._prepare(sample)
+                _, size, forwards = sample.outcomes[index]
+                weight += sample.weight
+                expected += sample.weight * tokens[min(forwards, budget - 1)]
+                seconds += sample.weight * (overhead[forwards] + sample.cumulative_draft[forwards] + verify[size])
+            if weight > 0 and seconds > 0:
+                return expected / seconds
+        verify, draft = self._verify(budget), self._draft(1)
+        best = 0.0
+        for forwards in range(1, budget):
+            seconds = self._overhead(forwards) + forwards * draft + verify
+            if seconds <= 0:
+                return math.inf
+            best = max(best, tokens[forwards] / seconds)
+        return best
+
+    def _probe_rungs(self) -> list[int]:
+        """From plain decoding, the probes of the levels up to the current one (design 3a)."""
+        above, base = self.candidates[1:], self.settings.plain_probe_budget
+        return [next((k for k in above if k >= base * 2 ** level), above[-1]) for level in range(self._probe_level + 1)]
+
+    def _predicted_win(self) -> bool:
+        """From plain decoding, with no trial due: True when the recent text predicts a probe rung wins by
+        ``PREDICTED_WIN`` over plain decoding (design 12: a change of text is tried when it shows, not when the
+        schedule says), at most once every ``min_probe_interval`` steps after the last trial."""
+        if (self._choice != 1 or not self.settings.predict_trials or len(self.candidates) < 2
+                or self._step < self._last_trial_end + self.settings.min_probe_interval):
+            return False
+        plain = self._rates.get(1)
+        if plain is None:
+            return False
+        return any((self._predicted_rate(k) or 0.0) > PREDICTED_WIN * plain for k in self._probe_rungs())
+
+    def _unpredictable(self, budget: int, reference: float | None) -> bool:
+        """True when even the predicted rate of ``budget`` on the recent text is below (1 - margin) x
+        ``reference`` (False without a reference or confidences)."""
+        predicted = self._predicted_rate(budget)
+        if reference is None or predicted is None:
+            return False
+        return predicted < (1.0 - self.settings.dominance_margin) * reference
 
     def _dominated(self, budget: int, reference: float | None) -> bool:
         """True when no acceptance could make ``budget`` reach (1 - margin) x ``reference``."""
@@ -1218,6 +1390,12 @@ class BudgetController:
             self._probes["skipped"] += 1
             self._lose()
             return choice
+        if choice == 1 and settings.predict_trials:  # design 12: the largest level the recent text could win
+            rungs = self._probe_rungs()
+            probe = next((k for k in reversed(rungs) if k <= probe and not self._unpredictable(k, reference)), None)
+            if probe is None:
+                self._probes["unpredictable"] += 1
+                return choice
         if not self._trial_affordable(catch_up, expected, probe):
             self._probes["postponed"] += 1
             return choice
@@ -1228,6 +1406,7 @@ class BudgetController:
 
     def _finish_trial(self) -> None:
         before, probe = self._choice, self._trial_budget
+        self._last_trial_end = self._step
         if self._trial_reference:
             last = self._trial_losses.get(probe)
             self._trial_losses[probe] = self._trial_loss if last is None else 0.5 * (last + self._trial_loss)

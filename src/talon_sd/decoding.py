@@ -121,7 +121,8 @@ def decode(pipeline: Pipeline, prompt_ids: torch.Tensor, stop: StopCondition, st
             stats.add_seconds(forwards.seconds, verify_seconds, step_seconds - forwards.seconds - verify_seconds)
             if pipeline.controller is not None:
                 pipeline.controller.observe(step_record(builder, tree, acceptance, forwards, plan, verify_seconds,
-                                                        step_seconds - forwards.seconds - verify_seconds))
+                                                        step_seconds - forwards.seconds - verify_seconds,
+                                                        target_confidence(logits, acceptance)))
             # 6. emit, stopping inside the path if needed
             for token in acceptance.new_tokens:
                 yield token
@@ -189,10 +190,19 @@ def _plan(controller: "BudgetController | None", clock: _DraftClock, drafter: Dr
     return StepPlan(budget=budget, keep_growing=keep_growing)
 
 
+def target_confidence(logits: torch.Tensor, acceptance: Acceptance) -> tuple[float, ...]:
+    """The target's top-1 probability before each token the step commits: at the root and at each accepted
+    node (what the controller reads the text's predictability from, design 12 of :mod:`talon_sd.control`)."""
+    rows = logits[acceptance.path].float()  # [A + 1, V]
+    return tuple(torch.softmax(rows, dim=-1).amax(dim=-1).tolist())
+
+
 def step_record(builder: TreeBuilder, tree: DraftTree, acceptance: Acceptance, forwards: Forwards,
-                plan: StepPlan | None, verify_seconds: float, other_seconds: float) -> "StepRecord":
+                plan: StepPlan | None, verify_seconds: float, other_seconds: float,
+                confidence: tuple[float, ...] = ()) -> "StepRecord":
     """The controller's view of a verified step: nodes in the builder's inclusion order (so the first
-    k nodes are the tree budget k would have built), and the usable prefix after each draft forward."""
+    k nodes are the tree budget k would have built), the usable prefix after each draft forward, and the
+    target's confidence before each committed token."""
     from .control import StepRecord
 
     order = builder.inclusion_order(tree)  # inclusion position -> node index
@@ -215,4 +225,5 @@ def step_record(builder: TreeBuilder, tree: DraftTree, acceptance: Acceptance, f
         other_seconds=max(other_seconds, 0.0),
         budget=budget,
         complete=tree.size < budget,
+        confidence=confidence,
     )
