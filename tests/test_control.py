@@ -15,6 +15,7 @@ so fixed budgets and the controller are compared on the same text (common random
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import time
@@ -346,7 +347,7 @@ def test_a_long_prompts_catch_up_is_charged_to_drafting():
     told = run_requests(world, 8, None, "carried", prompt=700, skip=1, tokens=24)
     blind = run_requests(world, 8, None, "carried", prompt=700, skip=1, tell_catch_up=False, tokens=24)
     assert told >= 0.98 * plain
-    assert told >= blind + 0.15 * plain
+    assert told >= blind + 0.1 * plain  # blind: 0.69 of plain before design 13, 0.87 since (verify(1) measured 3x)
 
 
 def test_a_catch_up_that_pays_for_itself_is_paid():
@@ -378,7 +379,8 @@ def test_a_new_requests_own_steps_soon_outweigh_the_carried_ones():
             controller = BudgetController(settings)
             simulate(code, 120, controller, seed=seed)
             follower = controller.for_next_sequence()
-            finals.append(simulate(poor, 12, follower, seed=50 + seed).budgets[-1])
+            simulate(poor, 12, follower, seed=50 + seed)
+            finals.append(follower.choice)  # not the last budget: a plain refresh step may fall there
             if name == "released":
                 released.append(follower.summary()["carried_released_after"])
         last[name] = sum(finals) / len(finals)
@@ -770,8 +772,9 @@ def test_trials_that_lost_are_postponed_where_the_rest_of_a_short_request_cannot
     # of such an answer. Bounded by what its probe's last trials lost (design 11) it is postponed, and the
     # short requests stay level with plain decoding (median 0.958 and worst 0.937 of plain without the bound).
     verify = measured_curve(CPU_FACTS_MS["fp32"])
+    # Without the target's confidences: with them, design 12 keeps these trials from starting at all.
     chat = World(verify=verify, draft=lambda width: 0.3 * verify(width), other=0.005, agree=0.65,
-                 confidence=(0.25, 0.8), catch_up=0.005)
+                 confidence=(0.25, 0.8), catch_up=0.005, report_confidence=False)
     ratios, postponed = [], 0
     for seed in range(6):
         controller = BudgetController(ControllerSettings())
@@ -790,6 +793,26 @@ def test_trials_that_lost_are_postponed_where_the_rest_of_a_short_request_cannot
     assert postponed > 0
     assert sorted(ratios)[len(ratios) // 2] >= 0.98, ratios
     assert min(ratios) >= 0.97, ratios
+
+
+def test_one_slow_plain_measurement_does_not_lock_drafting_in():
+    # Float32 costs and chat: plain decoding wins. The one plain step that measured verify(1) ran during a
+    # stall (2.5x its cost): judged by that single sample, every drafted budget looked faster than plain
+    # decoding, and nothing re-measured it for 256 steps (the float32 reading 8 of docs/BENCHMARKS.md
+    # section 5 drafted every step of 18 of 21 requests, 0.91x of plain). Design 13 measures verify(1)
+    # min_steps times before trusting it and refreshes it every 64 steps: 0.69-0.76 of plain before,
+    # back to plain decoding within 16 steps since.
+    verify = measured_curve(CPU_FACTS_MS["fp32"])
+    chat = World(verify=verify, draft=lambda width: 0.3 * verify(width), other=0.005, agree=0.65,
+                 confidence=(0.25, 0.8), catch_up=0.005)
+    stalled = dataclasses.replace(chat, verify=lambda size: 2.5 * verify(size))
+    world_at = lambda step: stalled if step == 1 else chat  # noqa: E731
+    for seed in range(6):
+        run = simulate(world_at, 64, BudgetController(ControllerSettings()), seed=seed, prompt=50)
+        plain = simulate(world_at, 64, 1, seed=seed, prompt=50)
+        assert run.rate() >= 0.85 * plain.rate(), seed
+        assert run.rate(16) >= 0.95 * plain.rate(16), seed
+        assert run.budgets[16:].count(1) >= 40, run.budgets
 
 
 def test_a_drafted_choice_that_only_plain_steps_ran_runs_itself_before_a_trial():

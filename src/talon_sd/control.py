@@ -62,8 +62,8 @@ Design ("Improvement" marks where this goes past the obvious recipe)
 3. Choice and exploration: the choice is the trusted candidate of highest rate (a tie keeps the
    current choice, then goes to the smaller budget); an untrusted first choice (``initial_budget``)
    is kept until trusted unless even its optimistic rate loses to a trusted one. Step 1 is plain when
-   verify(1) is not known (step 0 runs ``initial_budget``), and a plain step re-measures it every
-   ``plain_refresh_interval`` steps. A *trial* runs the probe budget for ``probe_steps`` steps (more
+   verify(1) has fewer than ``min_steps`` measured samples (step 0 runs ``initial_budget``), and a plain
+   step re-measures it every ``plain_refresh_interval`` steps (design 13). A *trial* runs the probe budget for ``probe_steps`` steps (more
    while it has fewer than ``min_steps`` samples); a probe of size P informs every candidate <= P at
    once. The probe is the smallest candidate >= ``probe_factor`` x the choice and >= ``initial_budget``
    (from plain, ``plain_probe_budget``): from a choice that fell to N = 2-3 after a poor stretch,
@@ -218,6 +218,18 @@ Design ("Improvement" marks where this goes past the obvious recipe)
    rose from 0.94-0.98 to 0.97-1.00 of plain, while a code world where no fixed N beats plain fell from
    1.00 to 0.98-0.99 and 16-token QA answers from 1.00 to 0.99 (trials now run there, and lose); bf16
    scenarios were level or better (a request after 40 poor steps: worst 0.68 -> 0.92 of the best fixed N).
+
+13. Plain decoding's rate is measured, not sampled once: a plain step is due while verify(1) has fewer than
+   ``min_steps`` measured samples (unless a prior gives it), and ``plain_refresh_interval`` is 64 steps
+   (was 256). Every drafted rate is judged against rate(1), so one stalled measurement of it (a plain step
+   2.5x slower than usual) made every drafted budget look faster than plain decoding until the next refresh.
+   The float32 reading 8 (docs/BENCHMARKS.md section 5) drafted every step of 18 of 21 requests, 0.91x of
+   plain overall, and ran no plain step in them; two instrumented replays of its first requests measured
+   verify(1) in their first plain steps and went plain within 8 steps, as the reading before did (0.99x):
+   one early, slow sample is the likely cause (the runs keep no per-step seconds to show it). In
+   tests/test_control.py's float32 chat world with such a stall: 0.69-0.76 of plain before, plain decoding
+   again within 16 steps since. Cost: two more plain steps once per generator, and one plain step in 64
+   (on a machine where drafting wins 1.5x, ~0.5%).
 
 Not modelled: keep_growing looks one layer ahead;
 a step stopped early by keep_growing is taken to be what every larger budget would have built (true
@@ -503,7 +515,7 @@ class ControllerSettings:
     probe_levels: int = 3
     min_probe_interval: int = 4
     max_probe_interval: int = 64
-    plain_refresh_interval: int = 256
+    plain_refresh_interval: int = 64
     dominance_margin: float = 0.05
     cost_samples: int = 9
     calibration_edges: tuple[float, ...] = DEFAULT_CALIBRATION_EDGES
@@ -613,6 +625,11 @@ class CostCurve:
         points.update(measured)
         xs = sorted(points)
         self.xs, self.ys, self.slope = _fit(xs, [points[x][0] for x in xs], [points[x][1] for x in xs])
+
+    @property
+    def prior_sizes(self) -> list[int]:
+        """The sizes the prior gives (ascending)."""
+        return self._prior[0]
 
     def has(self, size: int) -> bool:
         """Whether ``size`` was measured or given by the prior."""
@@ -1364,10 +1381,13 @@ class BudgetController:
             self._choice = best
 
     def _plain_due(self) -> bool:
+        """A plain step that measures verify(1) is due: while it has fewer than ``min_steps`` measured samples
+        (from step 1 on, unless a prior gives verify(1)) and every ``plain_refresh_interval`` steps
+        after (design 13)."""
         settings = self.settings
         if not settings.allow_plain or self._choice == 1:
             return False
-        if not self.verify_cost.has(1):
+        if len(self.verify_cost.samples.get(1, ())) < settings.min_steps and 1 not in self.verify_cost.prior_sizes:
             return self._step >= 1
         refresh = settings.plain_refresh_interval
         return refresh > 0 and self._step - self._last_plain >= refresh
