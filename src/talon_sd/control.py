@@ -231,6 +231,21 @@ Design ("Improvement" marks where this goes past the obvious recipe)
    again within 16 steps since. Cost: two more plain steps once per generator, and one plain step in 64
    (on a machine where drafting wins 1.5x, ~0.5%).
 
+14. A new request's catch-up is not paid on the last requests' rate alone. At a new sequence the draft LM must
+   first forward the whole prompt; design 6 pays that when expected tokens x (1 / rate(1) - 1 / rate(N)) exceeds
+   it, with rate(N) learned on the requests before. When that rate pays the catch-up back less than
+   ``CATCH_UP_MARGIN`` (2) times over, the request first runs plain steps until ``OWN_CONFIDENCES`` (4) of its own
+   target confidences are in, and then pays only if the smaller of the carried rate and the rate those predict
+   (design 12) pays it back. Also: the catch-up curve extrapolates past its largest measured bucket at least
+   linearly in tokens (a flat curve charged a 709-token prompt as the 128-256 tokens measured before), and a
+   trial cut by the end of its sequence is judged there instead of running its last step as the next
+   request's first (which paid that request's catch-up for a probe). In the float32 reading 9 the first sum
+   request (709-token prompt) inherited humaneval's choice of 24 nodes and lost (0.74x of ar); in
+   tests/test_control.py's float32 code -> long-prompt chat sequence: 0.80-0.83 of plain in 3 of 6 seeds
+   before, 1.00 in all since. Cost: in bf16, code requests with a 700-token prompt and a 36-token answer
+   went from 1.20x to 1.12x of plain (4 plain steps first); requests whose catch-up pays back twice over
+   (every bf16 case of 64+ tokens in the synthetic worlds) are unchanged.
+
 Not modelled: keep_growing looks one layer ahead;
 a step stopped early by keep_growing is taken to be what every larger budget would have built (true
 up to keep_growing's own dependence on the budget).
@@ -257,6 +272,8 @@ LENGTHS_KEPT = 3  # finished sequences whose lengths estimate the tokens a reque
 RELEASE_Z = 2.5  # a change point also needs the own mean this many standard errors from the carried one
 CONFIDENCE_EDGES = (0.3, 0.5, 0.7, 0.85, 0.95, 0.99)  # bins of the target's top-1 probability (design 12)
 PREDICTED_WIN = 1.1  # from plain, a probe predicted this much faster starts a trial before it is due (design 12)
+OWN_CONFIDENCES = 4  # a large catch-up waits for this many of the sequence's own confidences (design 14)
+CATCH_UP_MARGIN = 2.0  # ... when the carried rate pays it back less than this many times over (design 14)
 FOLLOW_PRIOR_SHARE = 0.5  # prior: a tree catches this share of what the draft's top-1 misses (design 12)
 CHILD_PRIOR_SHARE = 0.7  # prior: an accepted, expanded node has one of its drafted children accepted 70% of the time
 
@@ -808,10 +825,12 @@ class Predictability:
         s = self.strength
         self.follow_table = [(hit + s * prior) / (n + s) for hit, n, prior in zip(self.held, self.seen, self.prior)]
 
-    def chain_tokens(self, forwards: int) -> list[float]:
+    def chain_tokens(self, forwards: int, last: int | None = None) -> list[float]:
         """[forwards + 1] expected committed tokens of a chain of 0 .. forwards draft forwards, averaged over
-        the recent positions as starting points (past the window's end, its mean follow); [] when empty."""
-        follows = [self.follow(q) for q in self.recent]
+        the recent positions (the ``last`` ones only, if given) as starting points (past the window's end,
+        its mean follow); [] when empty."""
+        recent = list(self.recent)[-last:] if last else self.recent
+        follows = [self.follow(q) for q in recent]
         if not follows:
             return []
         mean = sum(follows) / len(follows)
@@ -876,6 +895,7 @@ class BudgetController:
         self._previous_plain = True  # the drafter has tokens to catch up (its prompt; a plain step's tokens)
         self._catch_up_tokens = 0  # what the loop said the drafter has to catch up, for the planned step
         self._sequence_tokens = 0  # tokens committed in this sequence
+        self._sequence_confidences = 0  # target confidences reported in this sequence (design 14)
         self._tokens_left: int | None = None  # what the loop said before the planned step
         self._cut_by_limit = False  # the last step committed all the tokens that were left
         self._lengths: deque[int] = deque(maxlen=LENGTHS_KEPT)  # tokens of the last finished sequences
@@ -926,12 +946,16 @@ class BudgetController:
         if follower._sequence_tokens > 0:  # a sequence cut by its token limit would have gone on: length unknown
             follower._lengths.append(math.inf if follower._cut_by_limit else follower._sequence_tokens)
         follower._sequence_tokens = 0
+        follower._sequence_confidences = 0
         follower._sequence_start = follower._step
         follower._drafted_before = bool(self._own_outcomes)
         follower._own_outcomes = []
         follower._released_at = None
         follower._cap_carried_weight(follower.settings.carried_weight)
         follower._catch_up_skips = 0
+        if follower._trial_left > 0:  # a trial cut by the end of its sequence is judged on the steps it ran:
+            follower._trial_left = 0  # its next step would be the new sequence's first, which pays the
+            follower._finish_trial()  # drafter's catch-up over a new prompt (design 14)
         follower._histogram = Counter()
         follower._probes = Counter()
         follower._growth_checks = follower._early_stops = 0
@@ -1051,6 +1075,7 @@ class BudgetController:
                 self._own_outcomes.append(outcomes)
                 self._release_if_changed()
         self.predictability.observe(record)
+        self._sequence_confidences += len(record.confidence)
         if forwards > 0:
             self.calibration.observe(record)
             decay = self.settings.calibration_decay
@@ -1161,13 +1186,13 @@ class BudgetController:
             best = max(best, (forwards + 1) / seconds)
         return best
 
-    def _predicted_rate(self, budget: int) -> float | None:
+    def _predicted_rate(self, budget: int, last: int | None = None) -> float | None:
         """rate(budget) on text like the last ``confidence_window`` committed tokens (design 12), None without
         confidences. With drafted steps that inform ``budget`` (from any text: the tree's shape and cost
         hardly depend on it), their weighted mean of chain_tokens(F) over their weighted mean seconds (F: the
         forwards each would have run); without, the bound max over F < budget of chain_tokens(F) /
-        (overhead(F) + F draft(1) + verify(budget))."""
-        tokens = self.predictability.chain_tokens(budget - 1)
+        (overhead(F) + F draft(1) + verify(budget)). ``last``: replay only the last that many confidences."""
+        tokens = self.predictability.chain_tokens(budget - 1, last)
         if not tokens:
             return None
         samples = self._samples[self._index_of[budget]]
@@ -1229,8 +1254,11 @@ class BudgetController:
         before any catch-up was measured: then drafting is judged as before design 6)."""
         if tokens <= 0 or not self.catch_up_cost.samples:
             return 0.0
-        bucket = _bucket(tokens)
-        return self.catch_up_cost(bucket) * tokens / bucket
+        bucket, top = _bucket(tokens), max(self.catch_up_cost.samples)
+        seconds = self.catch_up_cost(bucket)
+        if bucket > top:  # past the largest bucket measured, at least linear in tokens (a flat curve would
+            seconds = max(seconds, self.catch_up_cost(top) * bucket / top)  # charge 700 tokens as 128, design 14)
+        return seconds * tokens / bucket
 
     def _expected_tokens_left(self, tokens_left: int | None) -> float | None:
         """Tokens the sequence is expected to still commit: ``tokens_left`` capped by the median of what the
@@ -1251,6 +1279,13 @@ class BudgetController:
         plain, drafted = self._plain_rate(), self._rates.get(budget)
         if catch_up <= 0 or expected is None or plain is None or drafted is None or not self.settings.allow_plain:
             return True
+        if (self.settings.predict_trials and not self._own_outcomes and self.predictability.recent
+                and CATCH_UP_MARGIN * catch_up > expected * (1.0 / plain - 1.0 / drafted)):
+            # design 14: a catch-up that the last sequences' rate would not pay back twice over waits for the
+            # target's confidence on this sequence's own text to predict the rate
+            if self._sequence_confidences < OWN_CONFIDENCES:
+                return False
+            drafted = min(drafted, self._predicted_rate(budget, self._sequence_confidences) or drafted)
         return catch_up < expected * (1.0 / plain - 1.0 / drafted)
 
     def _trial_affordable(self, catch_up: float, expected: float | None, probe: int | None = None) -> bool:
