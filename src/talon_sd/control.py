@@ -643,14 +643,9 @@ class CostCurve:
         xs = sorted(points)
         self.xs, self.ys, self.slope = _fit(xs, [points[x][0] for x in xs], [points[x][1] for x in xs])
 
-    @property
-    def prior_sizes(self) -> list[int]:
-        """The sizes the prior gives (ascending)."""
-        return self._prior[0]
-
-    def has(self, size: int) -> bool:
-        """Whether ``size`` was measured or given by the prior."""
-        return size in self.samples or size in self._prior[0]
+    def has(self, size: int, samples: int = 1) -> bool:
+        """Whether ``size`` was measured (at least ``samples`` times among the kept ones) or given by the prior."""
+        return len(self.samples.get(size, ())) >= samples or size in self._prior[0]
 
     def __call__(self, size: float) -> float:
         return _interpolate(self.xs, self.ys, self.slope, size)
@@ -1422,7 +1417,7 @@ class BudgetController:
         settings = self.settings
         if not settings.allow_plain or self._choice == 1:
             return False
-        if len(self.verify_cost.samples.get(1, ())) < settings.min_steps and 1 not in self.verify_cost.prior_sizes:
+        if not self.verify_cost.has(1, samples=settings.min_steps):
             return self._step >= 1
         refresh = settings.plain_refresh_interval
         return refresh > 0 and self._step - self._last_plain >= refresh

@@ -76,7 +76,7 @@ def attention_layout(model, role: str = "model") -> AttentionLayout:
             f"{role}: {model_type} has {unsupported[0]!r} layers, which tree verification does not support "
             f"(supported: full and sliding-window attention)"
         )
-    if isinstance(layer_kwargs, dict):  # transformers < 5.24: one set of kwargs shared by every layer
+    if isinstance(layer_kwargs, dict):  # transformers < 5.19: one set of kwargs shared by every layer
         layer_kwargs = [layer_kwargs] * len(layer_types)
     windows = {kwargs.get("sliding_window") for kind, kwargs in zip(layer_types, layer_kwargs) if kind == "sliding_attention"}
     if len(windows) > 1 or None in windows:
