@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+from collections import Counter
 
 import pytest
 import torch
@@ -22,6 +23,7 @@ from talon_sd.bench.tune import (AcceptancePoint, CostCurve, choose_budget, coor
                                  predicted_tokens_per_s, tuned_tree_options)
 from talon_sd.cli import main
 from talon_sd.config import TreeConfig
+from talon_sd.control import REASONS
 from talon_sd.errors import TalonError
 from talon_sd.generator import SpeculativeGenerator
 
@@ -176,6 +178,18 @@ def test_sweep_with_auto_runs_the_controller_beside_fixed_budgets(use_generator,
     auto = [s for s in results["samples"] if s["label"] == "talon(N=auto,K=4,mu=0.03)"]
     assert all(s["identical_to_ar"] for s in results["samples"] if s["label"] != "ar")
     assert all(sum(s["stats"]["budget_hist"].values()) == s["stats"]["target_forwards"] for s in auto)
+    # every online step says why it got its budget; fixed budgets say nothing
+    assert all(sum(s["stats"]["reason_hist"].values()) == s["stats"]["target_forwards"] for s in auto)
+    assert all(set(s["stats"]["reason_hist"]) <= set(REASONS) for s in auto)
+    fixed = [s for s in results["samples"] if s["label"] == "talon(N=4,K=4,mu=0.03)"]
+    assert all(s["stats"]["reason_hist"] == {} and s["stats"]["reasons"] == [] for s in fixed)
+    rows = {(r["dataset"], r["label"]): r for r in results["summary"]}
+    assert rows[("all", "talon(N=auto,K=4,mu=0.03)")]["reason_hist"] == dict(sorted(sum(
+        (Counter(s["stats"]["reason_hist"]) for s in auto), Counter()).items()))
+    assert rows[("all", "talon(N=4,K=4,mu=0.03)")]["reason_hist"] is None
+    report = (out / "report.md").read_text()
+    assert "## Online budget decisions" in report
+    assert report.count("| talon(N=auto,K=4,mu=0.03) |") == len(auto) + 3  # per dataset (2) and all, then per request
     assert (out / "plots" / "sweep.png").read_bytes()[:8] == PNG_MAGIC
 
 

@@ -16,6 +16,7 @@ so fixed budgets and the controller are compared on the same text (common random
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 import math
 import random
 import time
@@ -26,6 +27,7 @@ import pytest
 
 from talon_sd.control import (
     DEFAULT_LADDER,
+    REASONS,
     BudgetController,
     Predictability,
     ControllerSettings,
@@ -62,6 +64,7 @@ class World:
 class Run:
     budgets: list[int] = field(default_factory=list)  # [steps] budget each step was given
     choices: list[int] = field(default_factory=list)  # [steps] the controller's choice when it gave it (controller runs)
+    reasons: list[str] = field(default_factory=list)  # [steps] why the controller gave it (controller runs)
     tokens: list[int] = field(default_factory=list)  # [steps] committed tokens (bonus included)
     seconds: list[float] = field(default_factory=list)  # [steps] simulated wall time
 
@@ -167,6 +170,7 @@ def simulate(world_at: Callable[[int], World] | World, steps: int | None, policy
         if controller is not None:
             budget = controller.next_budget(pending - 1 if tell_catch_up else 0, left if tell_catch_up else None)
             run.choices.append(controller.choice)
+            run.reasons.append(controller.reason)
         else:
             budget = policy
         record = simulate_step(world_of(index), seed, index, budget, controller, pending)
@@ -695,6 +699,34 @@ def test_plain_budget_without_plain_steps_is_refused():
 def test_inconsistent_records_raise_value_error(change):
     with pytest.raises(ValueError):
         StepRecord(**{**talon_record().__dict__, **change})
+
+
+def test_every_step_says_why_it_got_its_budget():
+    # The reason beside each budget (recorded per step in the stats and bench reports) agrees with what ran:
+    # a trial runs above the choice, a plain measurement or catch-up skip runs N = 1 under a drafted choice,
+    # and a step whose due trial could not start runs the choice and names what stopped the trial.
+    verify = measured_curve(CPU_FACTS_MS["fp32"])
+    code = World(verify=verify, draft=lambda width: 0.3 * verify(width), other=0.005, catch_up=0.005,
+                 agree=0.995, confidence=(0.9, 0.999))
+    seen = Counter()
+    for world, requests, prompt in ((SLOPED, 1, 1), (code, 4, 120)):
+        controller = BudgetController(ControllerSettings())
+        for request in range(requests):
+            run = simulate(world, 300 if world is SLOPED else None, controller, seed=request, prompt=prompt,
+                           tokens=None if world is SLOPED else 64)
+            assert len(run.reasons) == len(run.budgets) and set(run.reasons) <= set(REASONS)
+            assert controller.summary()["reasons"] == dict(sorted(Counter(run.reasons).items()))
+            for budget, choice, reason in zip(run.budgets, run.choices, run.reasons):
+                if reason == "trial":
+                    assert budget > choice, (budget, choice)
+                elif reason in ("plain-measure", "catch-up-skip"):
+                    assert budget == 1 < choice, (budget, choice, reason)
+                else:
+                    assert budget == choice, (budget, choice, reason)
+            seen.update(run.reasons)
+            controller = controller.for_next_sequence()
+    # trials, plain measurements and trials stopped by catch-up and by their past losses all occur here
+    assert {"choice", "trial", "plain-measure", "trial-catch-up", "trial-postponed"} <= set(seen), seen
 
 
 def test_summary_reports_the_histogram_of_chosen_budgets():

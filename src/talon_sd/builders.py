@@ -50,10 +50,12 @@ GrowthCheck = Callable[[DraftTree, torch.Tensor], bool]
 @dataclass(frozen=True)
 class StepPlan:
     """One step's settings from an online controller: the budget N (root counted; 1 = the root alone,
-    no draft forward) and an optional check asked before every draft forward but the first."""
+    no draft forward), an optional check asked before every draft forward but the first, and why the
+    controller chose N (a key of :data:`talon_sd.control.REASONS`; for the stats only)."""
 
     budget: int
     keep_growing: GrowthCheck | None = None
+    reason: str = ""
 
     def grows(self, tree: DraftTree, frontier: torch.Tensor) -> bool:
         return self.keep_growing is None or bool(self.keep_growing(tree, frontier))

@@ -276,6 +276,20 @@ OWN_CONFIDENCES = 4  # a large catch-up waits for this many of the sequence's ow
 CATCH_UP_MARGIN = 2.0  # ... when the carried rate pays it back less than this many times over (design 14)
 FOLLOW_PRIOR_SHARE = 0.5  # prior: a tree catches this share of what the draft's top-1 misses (design 12)
 CHILD_PRIOR_SHARE = 0.7  # prior: an accepted, expanded node has one of its drafted children accepted 70% of the time
+# why a step got its budget (:attr:`BudgetController.reason`, recorded per step in the decoding stats)
+REASONS = {
+    "choice": "the current choice; no trial due (or the choice is the largest candidate)",
+    "trial": "a step of a trial of a larger budget (design 3)",
+    "plain-measure": "a plain step measuring verify(1): first samples, then every plain_refresh_interval (design 13)",
+    "catch-up-skip": "the drafted choice run as a plain step: its catch-up would not pay (designs 6, 14)",
+    "trial-untrusted": "a trial was due but the choice has no trusted rate yet",
+    "trial-no-own-draft": "a trial was due but the choice ran no drafted step in this sequence or the last (design 11)",
+    "trial-catch-up": "a trial was due but its catch-up costs more than the rest affords (design 6)",
+    "trial-exploration": "a trial was due but trials lost their exploration share already (design 8)",
+    "trial-dominated": "a trial was due but no probe could beat the choice: counted lost (design 3)",
+    "trial-unpredictable": "a trial from plain was due but the recent text predicts no probe wins (design 12)",
+    "trial-postponed": "a trial was due but the probe's last trials lost more than the rest affords (design 11)",
+}
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -887,6 +901,7 @@ class BudgetController:
         self._version = 0  # bumped at every observe (invalidates the per-sample caches)
         self._choice = settings.initial_budget
         self._planned: int | None = None
+        self._reason = "choice"  # why the planned budget (a key of REASONS)
         self._previous_plain = True  # the drafter has tokens to catch up (its prompt; a plain step's tokens)
         self._catch_up_tokens = 0  # what the loop said the drafter has to catch up, for the planned step
         self._sequence_tokens = 0  # tokens committed in this sequence
@@ -914,6 +929,7 @@ class BudgetController:
         self._trial_left = 0
         self._rates: dict[int, float] = {}
         self._histogram: Counter = Counter()
+        self._reasons: Counter = Counter()  # planned steps by reason (REASONS)
         self._probes = Counter()
         self._growth_checks = 0
         self._early_stops = 0
@@ -952,6 +968,7 @@ class BudgetController:
             follower._trial_left = 0  # its next step would be the new sequence's first, which pays the
             follower._finish_trial()  # drafter's catch-up over a new prompt (design 14)
         follower._histogram = Counter()
+        follower._reasons = Counter()
         follower._probes = Counter()
         follower._growth_checks = follower._early_stops = 0
         return follower
@@ -978,26 +995,31 @@ class BudgetController:
         self._catch_up_tokens, self._tokens_left = catch_up_tokens, tokens_left
         catch_up, expected = self._catch_up_seconds(catch_up_tokens), self._expected_tokens_left(tokens_left)
         if self._trial_left > 0:
-            budget = self._trial_budget
+            budget, self._reason = self._trial_budget, "trial"
         else:
             self._choose()
-            budget = self._choice
+            budget, self._reason = self._choice, "choice"
             if self._plain_due():
-                budget = 1
+                budget, self._reason = 1, "plain-measure"
             else:
-                # a drafted choice that ran no drafted step in this sequence or the last one (catch-up skips)
-                # runs itself before a trial probes above it (design 11)
-                if ((self._step >= self._next_trial or self._predicted_win()) and budget < self.candidates[-1]
-                        and budget in self._rates
-                        and (budget == 1 or self._own_outcomes or self._drafted_before)
-                        and self._trial_affordable(catch_up, expected) and self._exploration_affordable()):
-                    budget = self._start_trial(catch_up, expected)
+                if (self._step >= self._next_trial or self._predicted_win()) and budget < self.candidates[-1]:
+                    blocked = self._trial_blocked(catch_up, expected)
+                    if blocked is None:
+                        budget = self._start_trial(catch_up, expected)  # sets the reason
+                    else:
+                        self._reason = blocked
                 if self._trial_left == 0 and budget > 1 and not self._worth_catching_up(budget, catch_up, expected):
-                    budget = 1
+                    budget, self._reason = 1, "catch-up-skip"
                     self._catch_up_skips += 1
         self._planned = budget
         self._histogram[budget] += 1
+        self._reasons[self._reason] += 1
         return budget
+
+    @property
+    def reason(self) -> str:
+        """Why the planned (or last planned) step got its budget: a key of :data:`REASONS`."""
+        return self._reason
 
     def keep_growing(self, tree_log_p: Sequence[float], frontier: Sequence[int], widths_so_far: Sequence[int],
                      budget: int) -> bool:
@@ -1109,6 +1131,7 @@ class BudgetController:
             "mean_budget": round(sum(k * n for k, n in self._histogram.items()) / chosen, 3) if chosen else 0.0,
             "budget_histogram": dict(sorted(self._histogram.items())),
             "plain_fraction": round(self._histogram.get(1, 0) / chosen, 4) if chosen else 0.0,
+            "reasons": dict(sorted(self._reasons.items())),
             "rates": {k: round(rate, 6) for k, rate in sorted(self._rates.items())},
             "probe_interval": self._interval,
             "probes": dict(self._probes),
@@ -1422,6 +1445,20 @@ class BudgetController:
         refresh = settings.plain_refresh_interval
         return refresh > 0 and self._step - self._last_plain >= refresh
 
+    def _trial_blocked(self, catch_up: float, expected: float | None) -> str | None:
+        """Why a due trial cannot start now (a key of :data:`REASONS`), or None when it may."""
+        if self._choice not in self._rates:
+            return "trial-untrusted"
+        # a drafted choice that ran no drafted step in this sequence or the last one (catch-up skips)
+        # runs itself before a trial probes above it (design 11)
+        if self._choice != 1 and not (self._own_outcomes or self._drafted_before):
+            return "trial-no-own-draft"
+        if not self._trial_affordable(catch_up, expected):
+            return "trial-catch-up"
+        if not self._exploration_affordable():
+            return "trial-exploration"
+        return None
+
     def _start_trial(self, catch_up: float, expected: float | None) -> int:
         """Begin a trial at the probe budget and return it; the current choice when every probe is dominated
         (a lost trial) or when the probe's trials lost more than the rest of the sequence affords (postponed)."""
@@ -1438,6 +1475,7 @@ class BudgetController:
         probe = next((k for k in reversed(above) if k <= top and not self._dominated(k, reference)), None)
         if probe is None:
             self._probes["skipped"] += 1
+            self._reason = "trial-dominated"
             self._lose()
             return choice
         if choice == 1 and settings.predict_trials:  # design 12: the largest level the recent text could win
@@ -1445,13 +1483,16 @@ class BudgetController:
             probe = next((k for k in reversed(rungs) if k <= probe and not self._unpredictable(k, reference)), None)
             if probe is None:
                 self._probes["unpredictable"] += 1
+                self._reason = "trial-unpredictable"
                 return choice
         if not self._trial_affordable(catch_up, expected, probe):
             self._probes["postponed"] += 1
+            self._reason = "trial-postponed"
             return choice
         self._trial_budget, self._trial_reference, self._trial_loss = probe, reference, 0.0
         have = len(self._samples[self._index_of[probe]])
         self._trial_left = max(settings.probe_steps, settings.min_steps - have)
+        self._reason = "trial"
         return probe
 
     def _finish_trial(self) -> None:

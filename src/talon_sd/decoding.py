@@ -117,7 +117,8 @@ def decode(pipeline: Pipeline, prompt_ids: torch.Tensor, stop: StopCondition, st
                 drafter.accept(tree, acceptance, None if features is None else features[acceptance.path])
             # 5. stats, and what the controller learns from this step
             step_seconds = time.perf_counter() - step_started
-            stats.observe(tree, acceptance, forwards.count, plan.budget if plan else tree.size)
+            stats.observe(tree, acceptance, forwards.count, plan.budget if plan else tree.size,
+                          plan.reason if plan else "")
             stats.add_seconds(forwards.seconds, verify_seconds, step_seconds - forwards.seconds - verify_seconds)
             if pipeline.controller is not None:
                 pipeline.controller.observe(step_record(builder, tree, acceptance, forwards, plan, verify_seconds,
@@ -187,7 +188,7 @@ def _plan(controller: "BudgetController | None", clock: _DraftClock, drafter: Dr
     def keep_growing(tree: DraftTree, frontier: torch.Tensor) -> bool:
         return controller.keep_growing(tree.scores.tolist(), frontier.tolist(), list(clock.step.widths), budget)
 
-    return StepPlan(budget=budget, keep_growing=keep_growing)
+    return StepPlan(budget=budget, keep_growing=keep_growing, reason=controller.reason)
 
 
 def target_confidence(logits: torch.Tensor, acceptance: Acceptance) -> tuple[float, ...]:

@@ -28,6 +28,7 @@ class DecodeStats:
     accepted_lengths: Counter = field(default_factory=Counter)  # accepted drafts per step -> count
     tree_sizes: list[int] = field(default_factory=list)
     budgets: list[int] = field(default_factory=list)  # the budget N each step was given (fixed, or the controller's)
+    reasons: list[str] = field(default_factory=list)  # why the online controller chose each step's N ("" if fixed)
     tree_depths: list[int] = field(default_factory=list)
     layer_width_sums: list[int] = field(default_factory=list)  # summed width of each depth over steps
     reached: list[int] = field(default_factory=list)  # steps whose tree reaches depth d (d = 1..)
@@ -39,9 +40,12 @@ class DecodeStats:
     seconds_total: float = 0.0
     started: float = field(default_factory=time.perf_counter, repr=False)
 
-    def observe(self, tree: DraftTree, acceptance: Acceptance, draft_forwards: int, budget: int | None = None) -> None:
-        """Record one verify step (``budget``: the N it was given; default the tree's size)."""
+    def observe(self, tree: DraftTree, acceptance: Acceptance, draft_forwards: int, budget: int | None = None,
+                reason: str = "") -> None:
+        """Record one verify step (``budget``: the N it was given, default the tree's size; ``reason``: why the
+        online controller chose it, a key of :data:`talon_sd.control.REASONS`, "" for a fixed budget)."""
         self.budgets.append(tree.size if budget is None else budget)
+        self.reasons.append(reason)
         self.target_forwards += 1
         self.draft_forwards += draft_forwards
         self.committed += acceptance.num_accepted + 1
@@ -98,6 +102,8 @@ class DecodeStats:
             "mean_budget": round(sum(self.budgets) / steps, 3),
             "budget_hist": {str(k): v for k, v in sorted(Counter(self.budgets).items())},
             "budgets": list(self.budgets) if len(set(self.budgets)) > 1 else [],  # per step, when they varied
+            "reason_hist": dict(sorted(Counter(r for r in self.reasons if r).items())),  # online budgets only
+            "reasons": list(self.reasons) if any(self.reasons) else [],  # per step, online budgets only
             "mean_tree_depth": round(sum(self.tree_depths) / steps, 3),
             "mean_layer_width": [round(w / steps, 3) for w in self.layer_width_sums],
             "depth_acceptance": [round(a / r, 4) if r else 0.0 for a, r in zip(self.accepted_at, self.reached)],

@@ -172,19 +172,23 @@ def _save(figure, path: pathlib.Path) -> pathlib.Path:
 
 
 def plot_budgets(results: dict, path: pathlib.Path) -> pathlib.Path | None:
-    """N chosen per step over the first generation of each dataset, per variant whose budget varied."""
-    traces: dict[str, dict[str, list[int]]] = defaultdict(dict)
+    """N chosen per step over the first generation of each dataset, per variant whose budget varied;
+    trial steps (the controller's reason ``trial``) are marked with dots."""
+    traces: dict[str, dict[str, tuple[list[int], list[str]]]] = defaultdict(dict)
     for sample in results.get("samples", []):
-        budgets = (sample.get("stats") or {}).get("budgets") or []
+        stats = sample.get("stats") or {}
+        budgets = stats.get("budgets") or []
         if budgets and sample["dataset"] not in traces[sample["label"]]:
-            traces[sample["label"]][sample["dataset"]] = budgets
+            traces[sample["label"]][sample["dataset"]] = (budgets, stats.get("reasons") or [])
     if not traces:
         return None
     pyplot = _pyplot()
     figure, axes = pyplot.subplots(len(traces), 1, figsize=(7.5, 2.6 * len(traces)), squeeze=False)
     for axis, (label, by_dataset) in zip(axes[:, 0], traces.items()):
-        for dataset, budgets in by_dataset.items():
-            axis.step(range(len(budgets)), budgets, where="post", label=dataset, linewidth=1.2)
+        for dataset, (budgets, reasons) in by_dataset.items():
+            line, = axis.step(range(len(budgets)), budgets, where="post", label=dataset, linewidth=1.2)
+            trials = [step for step, reason in enumerate(reasons) if reason == "trial"]
+            axis.scatter(trials, [budgets[step] for step in trials], s=6, color=line.get_color())
         axis.set_yscale("log", base=2)
         axis.set_ylabel("budget N")
         axis.set_title(f"{label}: N chosen per verify step (first generation per dataset)", fontsize=9)

@@ -107,6 +107,48 @@ def _acceptance_table(rows: Sequence[dict], max_depth: int = 8) -> str:
     return markdown_table(["dataset", "method"] + [f"d{d}" for d in range(1, depth + 1)], body)
 
 
+def decision_lines(results: dict) -> list[str]:
+    """Online-budget variants only: steps by the controller's reason (:data:`talon_sd.control.REASONS`) per
+    dataset, then per request (budget chosen, tok/s and reasons), so a reading shows why a trial ran or not."""
+    rows = [r for r in results["summary"] if r.get("reason_hist")]
+    if not rows:
+        return []
+    from ..control import REASONS
+
+    seen = {reason for r in rows for reason in r["reason_hist"]}
+    reasons = [reason for reason in REASONS if reason in seen] + sorted(seen - set(REASONS))
+    lines = ["Steps by why the controller chose their budget (`" + "`, `".join(reasons) + "`; "
+             "see `talon_sd.control.REASONS`):", "",
+             markdown_table(["dataset", "method"] + reasons,
+                            [[r["dataset"], r["label"]] + [str(r["reason_hist"].get(k, 0)) for k in reasons]
+                             for r in rows])]
+    body = []
+    for sample in results.get("samples", []):
+        stats = sample.get("stats") or {}
+        if not stats.get("reason_hist"):
+            continue
+        budgets = stats.get("budgets") or [round(stats.get("mean_budget", 0))] * stats.get("target_forwards", 0)
+        shown = ", ".join(f"{k} {n}" for k, n in sorted(stats["reason_hist"].items(), key=lambda kv: -kv[1]))
+        body.append([sample["dataset"], f"{sample['question_id']}/{sample['turn']}", sample["label"],
+                     str(sample["new_tokens"]), _fmt(sample["tokens_per_s"]), _fmt(stats.get("mean_budget"), "{:.1f}"),
+                     " ".join(str(b) for b in _runs(budgets)) or "-", shown])
+    lines += ["", "Per request (budgets: N per run of equal steps, `N×k`):", "",
+              markdown_table(["dataset", "request/turn", "method", "tokens", "tok/s", "mean N", "budgets", "reasons"],
+                             body)]
+    return lines
+
+
+def _runs(values: Sequence[int]) -> list[str]:
+    """``[8, 8, 8, 16, 16, 1]`` -> ``['8×3', '16×2', '1']``."""
+    runs: list[list] = []
+    for value in values:
+        if runs and runs[-1][0] == value:
+            runs[-1][1] += 1
+        else:
+            runs.append([value, 1])
+    return [f"{value}×{count}" if count > 1 else str(value) for value, count in runs]
+
+
 def goal_lines(results: dict) -> list[str]:
     """The issue's goals, measured (never asserted): one markdown bullet each, plus explanations."""
     rows = results["summary"]
@@ -216,6 +258,9 @@ def write_markdown(results: dict, out_dir: pathlib.Path, plot_files: Sequence[pa
               "per step; same as ar = greedy outputs identical to `ar`.", "", _details_table(rows)]
     parts += ["", "## Acceptance per depth", "",
               "P(the accepted path reaches depth d | the tree reaches depth d).", "", _acceptance_table(rows)]
+    decisions = decision_lines(results)
+    if decisions:
+        parts += ["", "## Online budget decisions", ""] + decisions
     goals = goal_lines(results)
     if goals:
         parts += ["", "## Goals (measured, not asserted)", ""] + goals
@@ -249,6 +294,9 @@ def write_sweep_markdown(results: dict, out_dir: pathlib.Path, plot_files: Seque
     parts += ["## Machine and settings", ""] + machine_lines(results)
     parts += ["", "## Speedup over `ar` (best per method and dataset in bold)", "",
               markdown_table(["configuration"] + datasets, body)]
+    decisions = decision_lines(results)
+    if decisions:
+        parts += ["", "## Online budget decisions", ""] + decisions
     return _write_report(parts, out_dir, plot_files)
 
 

@@ -120,7 +120,7 @@ def _tree_metrics(group: list[SampleRecord], seconds: float) -> dict:
     stats = [r.outcome.stats for r in group]
     empty = {"mat": None, "delta": None, "time_share": None, "mean_tree_size": None, "mean_tree_depth": None,
              "mean_layer_width": None, "depth_acceptance": None, "tree_depth_hist": None,
-             "accepted_length_hist": None}
+             "accepted_length_hist": None, "reason_hist": None}
     if any(s is None for s in stats):
         return empty
     steps = sum(s.target_forwards for s in stats)
@@ -134,7 +134,7 @@ def _tree_metrics(group: list[SampleRecord], seconds: float) -> dict:
     widths = _summed([s.layer_width_sums for s in stats])
     reached, accepted = _summed([s.reached for s in stats]), _summed([s.accepted_at for s in stats])
     depth_hist = Counter(d for s in stats for d in s.tree_depths)
-    length_hist = Counter()
+    length_hist, reason_hist = Counter(), Counter(r for s in stats for r in s.reasons if r)
     for s in stats:
         length_hist.update(s.accepted_lengths)
     return {
@@ -147,6 +147,7 @@ def _tree_metrics(group: list[SampleRecord], seconds: float) -> dict:
         "depth_acceptance": [round(a / r, 4) if r else 0.0 for a, r in zip(accepted, reached)],
         "tree_depth_hist": {str(d): n for d, n in sorted(depth_hist.items())},
         "accepted_length_hist": {str(k): n for k, n in sorted(length_hist.items())},
+        "reason_hist": dict(sorted(reason_hist.items())) or None,  # online budgets: steps by the controller's reason
     }
 
 
