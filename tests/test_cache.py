@@ -109,3 +109,22 @@ def test_draft_prompt_is_prefilled_by_the_first_draft_forward_only(llama_pair):
     torch.testing.assert_close(root_log_p[0], torch.log_softmax(fresh_logits(draft, committed), -1), atol=1e-4, rtol=1e-4)
     drafter.start(torch.tensor([3, 4]))  # a new generation forgets the old cache until it drafts
     assert drafter.lm.cache.length == 0 and drafter.pending == [3, 4]
+
+
+def test_the_cache_goes_by_the_keyword_the_model_declares_without_deprecation_warnings(llama_pair, qwen_pair):
+    # transformers 5.2x renamed the forward's past_key_values to cache (the old name warns, and goes in 5.40);
+    # 5.17-5.1x only know past_key_values. Either way the cache must be the one the model fills.
+    import inspect
+    import warnings
+
+    for target, _ in (llama_pair, qwen_pair):
+        lm = CausalLM(target, "target")
+        declared = inspect.signature(target.forward).parameters
+        assert lm.cache_keyword in declared
+        assert lm.cache_keyword == ("cache" if "cache" in declared else "past_key_values")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FutureWarning)
+            lm.prefill(torch.tensor([5, 6, 7, 8]))
+            logits = lm.forward(torch.tensor([9]))
+        assert lm.cache.length == 5
+        assert torch.allclose(logits[-1], fresh_logits(target, [5, 6, 7, 8, 9]), atol=1e-4)

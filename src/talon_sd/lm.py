@@ -25,6 +25,7 @@ Which models fit this contract (checked when a :class:`CausalLM` is made, see :f
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -138,6 +139,7 @@ class CausalLM:
         self.role = role
         self.layout = attention_layout(model, role)
         self.cache = KVCache()
+        self.cache_keyword = _cache_keyword(model)  # what the model's forward calls its KV cache
         embeddings = model.get_input_embeddings()
         self.vocab_size = int(embeddings.weight.shape[0])
         self.device = embeddings.weight.device
@@ -172,7 +174,7 @@ class CausalLM:
         output = self.model(
             input_ids=tokens.to(self.device)[None],
             position_ids=positions[None],
-            past_key_values=self.cache.cache,
+            **{self.cache_keyword: self.cache.cache},
             use_cache=True,
             output_hidden_states=bool(capture),
             **kwargs,
@@ -217,8 +219,8 @@ class CausalLM:
         if decoder is None:
             output = self.forward(tokens, last_only=True, capture=capture)
             return output[1] if capture else None
-        output = decoder(input_ids=tokens.to(self.device)[None], past_key_values=self.cache.cache, use_cache=True,
-                         output_hidden_states=bool(capture))
+        output = decoder(input_ids=tokens.to(self.device)[None], **{_cache_keyword(decoder): self.cache.cache},
+                         use_cache=True, output_hidden_states=bool(capture))
         self.cache.positions = torch.arange(int(tokens.numel()))
         return _features(output.hidden_states, capture) if capture else None
 
@@ -232,6 +234,12 @@ class CausalLM:
         """After verifying a tree of ``tree_size`` nodes (the last rows of the cache), keep only the
         rows of the accepted ``path`` (node indices, root first): one gather per tensor."""
         self.cache.keep(self.cache.length - tree_size, torch.tensor(path, dtype=torch.long))
+
+
+def _cache_keyword(module) -> str:
+    """The name a model's forward takes its KV cache by: ``cache`` since transformers 5.2x (which deprecates
+    ``past_key_values``, to be removed in 5.40), ``past_key_values`` before."""
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
 
 
 def _features(hidden_states: tuple[torch.Tensor, ...], layers: tuple[int, ...]) -> torch.Tensor:
