@@ -1,0 +1,132 @@
+"""The online budget controller in synthetic request sequences: rate against plain decoding, and why.
+
+Runs :class:`talon_sd.control.BudgetController` through the synthetic worlds of ``tests/test_control.py``
+(no model, no clock: a drafter, target and machine simulated from measured cost curves, common random
+numbers per step), one request after another as a server or ``talon bench`` would, and prints per scenario
+the controller's rate over plain decoding's on the same text (min / median / max over seeds), the same for
+a fixed N = 8, and the steps by the controller's reason (:data:`talon_sd.control.REASONS`). It is the scorer
+behind the "tried and not adopted" notes of docs/BENCHMARKS.md section 5: change the controller, rerun,
+compare.
+
+    python scripts/controller_scenarios.py [--seeds 16]
+
+Scenarios: float32 (verifying T tokens costs about T one-token steps) and bf16 (nearly flat) costs of this
+CPU, code / mid / chat acceptance, six 64-token requests with 120-token prompts (the first request, where a
+fresh controller learns its costs, left out); a float32 sequence of six chat then four code requests; and
+16-token QA answers after two 64-token chat requests (the world of design 11's test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import statistics
+import sys
+from collections import Counter
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
+
+from test_control import CODE, CPU_FACTS_MS, World, measured_curve, simulate  # noqa: E402
+
+from talon_sd.control import BudgetController, ControllerSettings  # noqa: E402
+
+
+def world(dtype: str, catch_up: float, report_confidence: bool = True, **acceptance) -> World:
+    verify = measured_curve(CPU_FACTS_MS[dtype])
+    return World(verify=verify, draft=lambda width: 0.3 * verify(width), other=0.005, catch_up=catch_up,
+                 report_confidence=report_confidence, **acceptance)
+
+
+def ratio(runs, plains) -> float:
+    return (sum(sum(r.tokens) for r in runs) / sum(sum(r.seconds) for r in runs)) / (
+        sum(sum(p.tokens) for p in plains) / sum(sum(p.seconds) for p in plains))
+
+
+def requests(text: World, seeds: int, count: int = 6, prompt: int = 120, tokens: int = 64):
+    """Per seed: auto / plain and N = 8 / plain over requests 2..count, and the auto runs' reasons."""
+    autos, fixed, reasons = [], [], Counter()
+    for seed in range(seeds):
+        controller = BudgetController(ControllerSettings())
+        runs, plains, eights = [], [], []
+        for request in range(count):
+            run_seed = 100 * seed + request
+            run = simulate(text, None, controller, seed=run_seed, prompt=prompt, tokens=tokens)
+            if request:
+                runs.append(run)
+                plains.append(simulate(text, None, 1, seed=run_seed, prompt=prompt, tokens=tokens))
+                eights.append(simulate(text, None, 8, seed=run_seed, prompt=prompt, tokens=tokens))
+                reasons.update(run.reasons)
+            controller = controller.for_next_sequence()
+        autos.append(ratio(runs, plains))
+        fixed.append(ratio(eights, plains))
+    return autos, fixed, reasons
+
+
+def chat_then_code(seeds: int):
+    chat = world("fp32", 0.005, agree=0.8, confidence=(0.3, 0.9))
+    code = world("fp32", 0.005, agree=0.98, confidence=(0.85, 0.999))
+    out = {"chat": ([], Counter()), "code": ([], Counter())}
+    for seed in range(seeds):
+        controller = None
+        for block, text, count in (("chat", chat, 6), ("code", code, 4)):
+            runs, plains = [], []
+            for request in range(count):
+                controller = (BudgetController(ControllerSettings()) if controller is None
+                              else controller.for_next_sequence())
+                run_seed = 100 * seed + 10 * request + (block == "code")
+                runs.append(simulate(text, None, controller, seed=run_seed, prompt=60, tokens=64))
+                plains.append(simulate(text, None, 1, seed=run_seed, prompt=60, tokens=64))
+                out[block][1].update(runs[-1].reasons)
+            out[block][0].append(ratio(runs, plains))
+    return out
+
+
+def short_answers(seeds: int):
+    chat = world("fp32", 0.005, report_confidence=False, agree=0.65, confidence=(0.25, 0.8))
+    autos, reasons = [], Counter()
+    for seed in range(seeds):
+        controller = BudgetController(ControllerSettings())
+        for request in range(2):
+            simulate(chat, None, controller, seed=100 * seed + request, prompt=50, tokens=64)
+            controller = controller.for_next_sequence()
+        runs, plains = [], []
+        for request in range(8):
+            run_seed = 100 * seed + 10 + request
+            runs.append(simulate(chat, None, controller, seed=run_seed, prompt=30, tokens=16))
+            plains.append(simulate(chat, None, 1, seed=run_seed, prompt=30, tokens=16))
+            reasons.update(runs[-1].reasons)
+            controller = controller.for_next_sequence()
+        autos.append(ratio(runs, plains))
+    return autos, reasons
+
+
+def line(name: str, autos: list[float], reasons: Counter, fixed: list[float] | None = None) -> str:
+    shown = ", ".join(f"{k} {n}" for k, n in reasons.most_common(4))
+    eight = f"{statistics.median(fixed):.3f}" if fixed else "-"
+    return (f"| {name} | {min(autos):.3f} | {statistics.median(autos):.3f} | {max(autos):.3f} | {eight} | {shown} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=16)
+    seeds = parser.parse_args().seeds
+    print("| scenario | auto / plain min | median | max | N=8 / plain median | steps by reason (top 4) |")
+    print("|---|---|---|---|---|---|")
+    worlds = {
+        "fp32 code": world("fp32", 0.005, agree=0.995, confidence=(0.9, 0.999)),
+        "fp32 mid": world("fp32", 0.005, agree=0.95, confidence=(0.7, 0.99)),
+        "fp32 chat": world("fp32", 0.005, agree=0.8, confidence=(0.3, 0.9)),
+        "bf16 code": world("bf16", 0.002, **CODE),
+        "bf16 chat": world("bf16", 0.002, agree=0.8, confidence=(0.3, 0.9)),
+    }
+    for name, text in worlds.items():
+        autos, fixed, reasons = requests(text, seeds)
+        print(line(name, autos, reasons, fixed))
+    for block, (autos, reasons) in chat_then_code(max(seeds * 3 // 4, 1)).items():
+        print(line(f"fp32 chat -> code: {block}", autos, reasons))
+    autos, reasons = short_answers(max(seeds * 3 // 4, 1))
+    print(line("fp32 16-token QA after chat", autos, reasons))
+
+
+if __name__ == "__main__":
+    main()
