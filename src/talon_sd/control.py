@@ -14,6 +14,8 @@ no randomness: the same records give the same budgets. The decoding loop
                                      asked by the builder before each draft forward but the first
     observe(StepRecord)              what the step built, accepted and cost
 
+and reads ``reason`` after ``next_budget`` (why N: a key of :data:`REASONS`) into the step's stats.
+
 The controller decides how many tokens are drafted, never which tokens are emitted: losslessness does
 not depend on it. Quantities follow :mod:`talon_sd.verify`: a step that accepts ``a`` draft tokens
 commits ``a + 1`` (the bonus token included); the rate of a budget is committed tokens per second.
