@@ -14,6 +14,7 @@ import os
 import pathlib
 from typing import Sequence
 
+from ..control import REASONS
 from .results import ALL
 
 GOAL_TALON_OVER_HF_ASSISTED = 1.6
@@ -113,8 +114,6 @@ def decision_lines(results: dict) -> list[str]:
     rows = [r for r in results["summary"] if r.get("reason_hist")]
     if not rows:
         return []
-    from ..control import REASONS
-
     seen = {reason for r in rows for reason in r["reason_hist"]}
     reasons = [reason for reason in REASONS if reason in seen] + sorted(seen - set(REASONS))
     lines = ["Steps by why the controller chose their budget (`" + "`, `".join(reasons) + "`; "
