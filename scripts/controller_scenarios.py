@@ -3,7 +3,7 @@
 Runs :class:`talon_sd.control.BudgetController` through the synthetic worlds of ``tests/test_control.py``
 (no model, no clock: a drafter, target and machine simulated from measured cost curves, common random
 numbers per step), one request after another as a server or ``talon bench`` would, and prints per scenario
-the controller's rate over plain decoding's on the same text (min / median / max over seeds), the same for
+the controller's rate over plain decoding's on the same text (min / median / mean / max over seeds), the same for
 a fixed N = 8, and the steps by the controller's reason (:data:`talon_sd.control.REASONS`). It is the scorer
 behind the "tried and not adopted" notes of docs/BENCHMARKS.md section 5: change the controller, rerun,
 compare.
@@ -12,7 +12,8 @@ compare.
 
 Scenarios: float32 (verifying T tokens costs about T one-token steps) and bf16 (nearly flat) costs of this
 CPU, code / mid / chat acceptance, six 64-token requests with 120-token prompts (the first request, where a
-fresh controller learns its costs, left out); a float32 sequence of six chat then four code requests; and
+fresh controller learns its costs, left out); float32 code and chat with 200-token prompts whose draft-LM
+catch-up costs more than a trial's 5% share (humaneval on the real pair); a float32 sequence of six chat then four code requests; and
 16-token QA answers after two 64-token chat requests (the world of design 11's test).
 """
 
@@ -62,9 +63,9 @@ def requests(text: World, seeds: int, count: int = 6, prompt: int = 120, tokens:
     return autos, fixed, reasons
 
 
-def chat_then_code(seeds: int):
-    chat = world("fp32", 0.005, agree=0.8, confidence=(0.3, 0.9))
-    code = world("fp32", 0.005, agree=0.98, confidence=(0.85, 0.999))
+def chat_then_code(seeds: int, prompt: int = 60, catch_up: float = 0.005):
+    chat = world("fp32", catch_up, agree=0.8, confidence=(0.3, 0.9))
+    code = world("fp32", catch_up, agree=0.98, confidence=(0.85, 0.999))
     out = {"chat": ([], Counter()), "code": ([], Counter())}
     for seed in range(seeds):
         controller = None
@@ -74,8 +75,8 @@ def chat_then_code(seeds: int):
                 controller = (BudgetController(ControllerSettings()) if controller is None
                               else controller.for_next_sequence())
                 run_seed = 100 * seed + 10 * request + (block == "code")
-                runs.append(simulate(text, None, controller, seed=run_seed, prompt=60, tokens=64))
-                plains.append(simulate(text, None, 1, seed=run_seed, prompt=60, tokens=64))
+                runs.append(simulate(text, None, controller, seed=run_seed, prompt=prompt, tokens=64))
+                plains.append(simulate(text, None, 1, seed=run_seed, prompt=prompt, tokens=64))
                 out[block][1].update(runs[-1].reasons)
             out[block][0].append(ratio(runs, plains))
     return out
@@ -103,15 +104,16 @@ def short_answers(seeds: int):
 def line(name: str, autos: list[float], reasons: Counter, fixed: list[float] | None = None) -> str:
     shown = ", ".join(f"{k} {n}" for k, n in reasons.most_common(4))
     eight = f"{statistics.median(fixed):.3f}" if fixed else "-"
-    return (f"| {name} | {min(autos):.3f} | {statistics.median(autos):.3f} | {max(autos):.3f} | {eight} | {shown} |")
+    return (f"| {name} | {min(autos):.3f} | {statistics.median(autos):.3f} | {statistics.mean(autos):.3f} | "
+            f"{max(autos):.3f} | {eight} | {shown} |")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=16)
     seeds = parser.parse_args().seeds
-    print("| scenario | auto / plain min | median | max | N=8 / plain median | steps by reason (top 4) |")
-    print("|---|---|---|---|---|---|")
+    print("| scenario | auto / plain min | median | mean | max | N=8 / plain median | steps by reason (top 4) |")
+    print("|---|---|---|---|---|---|---|")
     worlds = {
         "fp32 code": world("fp32", 0.005, agree=0.995, confidence=(0.9, 0.999)),
         "fp32 mid": world("fp32", 0.005, agree=0.95, confidence=(0.7, 0.99)),
@@ -122,8 +124,17 @@ def main() -> None:
     for name, text in worlds.items():
         autos, fixed, reasons = requests(text, seeds)
         print(line(name, autos, reasons, fixed))
+    # humaneval in float32 on the real pair: a 200-token prompt whose draft-LM catch-up exceeds 5% of a
+    # 64-token answer's plain seconds (docs/BENCHMARKS.md section 5, reading 11)
+    for name, text in (("fp32 code, 200-token prompt", worlds["fp32 code"]),
+                       ("fp32 chat, 200-token prompt", worlds["fp32 chat"])):
+        heavy = world("fp32", 0.008, agree=text.agree, confidence=text.confidence)
+        autos, fixed, reasons = requests(heavy, seeds, prompt=200)
+        print(line(name, autos, reasons, fixed))
     for block, (autos, reasons) in chat_then_code(max(seeds * 3 // 4, 1)).items():
         print(line(f"fp32 chat -> code: {block}", autos, reasons))
+    for block, (autos, reasons) in chat_then_code(max(seeds * 3 // 4, 1), prompt=200, catch_up=0.008).items():
+        print(line(f"fp32 chat -> code, 200-token prompts: {block}", autos, reasons))
     autos, reasons = short_answers(max(seeds * 3 // 4, 1))
     print(line("fp32 16-token QA after chat", autos, reasons))
 

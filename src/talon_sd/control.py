@@ -248,6 +248,20 @@ Design ("Improvement" marks where this goes past the obvious recipe)
    went from 1.20x to 1.12x of plain (4 plain steps first); requests whose catch-up pays back twice over
    (every bf16 case of 64+ tokens in the synthetic worlds) are unchanged.
 
+15. A trial may pay more catch-up when the request's own text predicts a win that pays it back. Design 11's share
+   (``trial_cost_share``, 5% of the expected rest's plain seconds) is flat: in float32 the draft LM's catch-up over
+   a 200-token prompt plus the plain steps since costs more than that on a 64-token answer, and in the float32
+   reading 11 (docs/BENCHMARKS.md section 5) 884 of 1,113 steps were ``trial-catch-up``, all of humaneval's but
+   7. From plain decoding, a trial over the share still starts when the best probe rung's rate predicted from the
+   sequence's own last ``confidence_window`` (16) target confidences (design 12; none before 16 are in) saves,
+   over the expected rest, at least ``CATCH_UP_MARGIN`` (2) times the catch-up plus the probe's past losses.
+   In ``scripts/controller_scenarios.py`` (16 seeds): float32 code, where 1 seed stayed plain (1.000 against a
+   median 1.133), min 1.070 (mean 1.133 -> 1.138); float32 code requests with 200-token prompts after chat
+   (8-ms-a-token catch-up), never a trial before: mean 1.000 -> 1.004 (0.970-1.075 by seed); short-prompt code
+   after chat min 0.992 -> 0.981 (mean 1.040 -> 1.039); the other nine scenarios unchanged. At 128 tokens the
+   share alone affords those trials (unchanged). A small gain: at 64 tokens a 200-token catch-up is ~8% of the
+   request's plain seconds and a win of 1.15x saves ~13%, which rarely clears a margin of 2.
+
 Not modelled: keep_growing looks one layer ahead;
 a step stopped early by keep_growing is taken to be what every larger budget would have built (true
 up to keep_growing's own dependence on the budget).
@@ -286,7 +300,7 @@ REASONS = {
     "catch-up-skip": "the drafted choice run as a plain step: its catch-up would not pay (designs 6, 14)",
     "trial-untrusted": "a trial was due but the choice has no trusted rate yet",
     "trial-no-own-draft": "a trial was due but the choice ran no drafted step in this sequence or the last (design 11)",
-    "trial-catch-up": "a trial was due but its catch-up costs more than the rest affords (design 6)",
+    "trial-catch-up": "a trial was due but its catch-up costs more than the rest affords (designs 6, 11, 15)",
     "trial-exploration": "a trial was due but trials lost their exploration share already (design 8)",
     "trial-dominated": "a trial was due but no probe could beat the choice: counted lost (design 3)",
     "trial-unpredictable": "a trial from plain was due but the recent text predicts no probe wins (design 12)",
@@ -523,7 +537,8 @@ class ControllerSettings:
     carried_weight          at a new sequence, the carried acceptance samples are scaled down so that no
                             candidate's total weight exceeds this many steps (math.inf: kept as they were)
     trial_cost_share        a trial starts only if its catch-up plus what the last trials of its probe lost
-                            cost at most this share of the plain seconds of the tokens expected to be left
+                            cost at most this share of the plain seconds of the tokens expected to be left, or
+                            less than half of what the sequence's own text predicts a win saves (design 15)
     release_ratio           a new sequence's carried samples are released (weighed as one step) once its own
                             drafted steps' mean committed tokens differ from theirs by more than this factor
     release_steps           ... judged from this many of its own drafted steps on
@@ -1316,7 +1331,21 @@ class BudgetController:
         cost = catch_up + (max(self._trial_losses.get(probe, 0.0), 0.0) if probe is not None else 0.0)
         if cost <= 0 or expected is None or plain is None:
             return True
-        return cost <= self.settings.trial_cost_share * expected / plain
+        if cost <= self.settings.trial_cost_share * expected / plain:
+            return True
+        # design 15: more than the share, if the sequence's own text predicts a win that pays it back twice over
+        return CATCH_UP_MARGIN * cost <= self._predicted_saving(expected, plain, probe)
+
+    def _predicted_saving(self, expected: float, plain: float, probe: int | None) -> float:
+        """From plain decoding, the seconds that drafting the expected rest at ``probe`` (None: the best probe
+        rung) saves over plain decoding at the rate the sequence's own target confidences predict (design
+        12); 0 before ``confidence_window`` of them or when no rung is predicted to beat plain decoding."""
+        own = min(self._sequence_confidences, self.settings.confidence_window)
+        if self._choice != 1 or not self.settings.predict_trials or own < self.settings.confidence_window:
+            return 0.0
+        rungs = self._probe_rungs() if probe is None else [probe]
+        best = max((self._predicted_rate(k, own) or 0.0 for k in rungs), default=0.0)
+        return expected * (1.0 / plain - 1.0 / best) if best > plain else 0.0
 
     def _cap_carried_weight(self, limit: float) -> None:
         """Scale every carried acceptance sample (one from before this sequence) by one factor so that no
