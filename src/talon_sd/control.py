@@ -260,7 +260,8 @@ Design ("Improvement" marks where this goes past the obvious recipe)
    (8-ms-a-token catch-up), never a trial before: mean 1.000 -> 1.004 (0.970-1.075 by seed); short-prompt code
    after chat min 0.992 -> 0.981 (mean 1.040 -> 1.039); the other nine scenarios unchanged. At 128 tokens the
    share alone affords those trials (unchanged). A small gain: at 64 tokens a 200-token catch-up is ~8% of the
-   request's plain seconds and a win of 1.15x saves ~13%, which rarely clears a margin of 2.
+   request's plain seconds and a win of 1.15x saves ~13%, which rarely clears a margin of 2. On the real pair
+   (float32 reading 12) humaneval still ran plain: its own confidences predicted no win worth twice the catch-up.
 
 Not modelled: keep_growing looks one layer ahead;
 a step stopped early by keep_growing is taken to be what every larger budget would have built (true
