@@ -720,6 +720,11 @@ def _fit(xs: list[int], ys: list[float], weights: list[float]) -> tuple[list[int
     return list(xs), fitted, slope
 
 
+def _seconds_saved(tokens: float, plain: float, drafted: float) -> float:
+    """Seconds that committing ``tokens`` at rate ``drafted`` saves over plain decoding's rate ``plain``."""
+    return tokens * (1.0 / plain - 1.0 / drafted)
+
+
 def _bucket(tokens: int) -> int:
     """The catch-up curve's size for ``tokens``: the next power of two (its samples are scaled to it)."""
     return 1 << max(tokens - 1, 0).bit_length()
@@ -1316,13 +1321,13 @@ class BudgetController:
         if catch_up <= 0 or expected is None or plain is None or drafted is None or not self.settings.allow_plain:
             return True
         if (self.settings.predict_trials and not self._own_outcomes and self.predictability.recent
-                and CATCH_UP_MARGIN * catch_up > expected * (1.0 / plain - 1.0 / drafted)):
+                and CATCH_UP_MARGIN * catch_up > _seconds_saved(expected, plain, drafted)):
             # design 14: a catch-up that the last sequences' rate would not pay back twice over waits for the
             # target's confidence on this sequence's own text to predict the rate
             if self._sequence_confidences < OWN_CONFIDENCES:
                 return False
             drafted = min(drafted, self._predicted_rate(budget, self._sequence_confidences) or drafted)
-        return catch_up < expected * (1.0 / plain - 1.0 / drafted)
+        return catch_up < _seconds_saved(expected, plain, drafted)
 
     def _trial_affordable(self, catch_up: float, expected: float | None, probe: int | None = None) -> bool:
         """A trial explores at most ``trial_cost_share`` of the expected rest's plain seconds on catch-up
@@ -1341,12 +1346,12 @@ class BudgetController:
         """From plain decoding, the seconds that drafting the expected rest at ``probe`` (None: the best probe
         rung) saves over plain decoding at the rate the sequence's own target confidences predict (design
         12); 0 before ``confidence_window`` of them or when no rung is predicted to beat plain decoding."""
-        own = min(self._sequence_confidences, self.settings.confidence_window)
-        if self._choice != 1 or not self.settings.predict_trials or own < self.settings.confidence_window:
+        window = self.settings.confidence_window
+        if self._choice != 1 or not self.settings.predict_trials or self._sequence_confidences < window:
             return 0.0
         rungs = self._probe_rungs() if probe is None else [probe]
-        best = max((self._predicted_rate(k, own) or 0.0 for k in rungs), default=0.0)
-        return expected * (1.0 / plain - 1.0 / best) if best > plain else 0.0
+        best = max((self._predicted_rate(k, window) or 0.0 for k in rungs), default=0.0)
+        return _seconds_saved(expected, plain, best) if best > plain else 0.0
 
     def _cap_carried_weight(self, limit: float) -> None:
         """Scale every carried acceptance sample (one from before this sequence) by one factor so that no
