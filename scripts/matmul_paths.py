@@ -8,11 +8,11 @@ the paths torch offers on a CPU without extra packages:
 * ``fp32-mkldnn``    the weight packed for oneDNN (torch.utils.mkldnn.to_mkldnn)
 * ``int8-dynamic``   torch.ao dynamic quantization (int8 weights, fbgemm / onednn kernels)
 
-Prints a table of median milliseconds and the ratio to M = 1, plus the machine, and (``--identity``)
-how far each path's output is from float32 (the effect on output identity: anything but fp32 changes the
-logits, so greedy output may differ from float32 plain decoding at near-ties).
+Prints the machine, then per path the median milliseconds, the ratio of M = 2 to M = 1, and how far its
+output is from float32 (the effect on output identity: anything but fp32 and fp32-mkldnn changes the logits
+visibly, so greedy output may differ from float32 plain decoding at near-ties).
 
-    python scripts/matmul_paths.py [--threads 2] [--repeats 30]
+    python scripts/matmul_paths.py [--threads 2] [--repeats 30] [--sizes 1,2,4,8,16]
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ def main() -> None:
 
     flags = open("/proc/cpuinfo").read()
     kind = "AVX512-BF16" if "avx512_bf16" in flags else ("AVX512" if "avx512f" in flags else "AVX2")
+    kind += ", AMX" if "amx_bf16" in flags else ""
     print(f"machine: {cpu_model()} ({kind}), torch {torch.__version__}, {args.threads} threads")
     torch.manual_seed(0)
     linear = torch.nn.Linear(1536, 8960, bias=False)

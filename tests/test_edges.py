@@ -252,7 +252,7 @@ def test_from_models_compares_tokenizers_when_both_are_given(tmp_path):
 
 
 def test_onednn_packed_float32_models_decode_exactly(tmp_path, monkeypatch):
-    """cpu_kernels='auto' packs float32 linears for oneDNN: same greedy tokens as the unpacked model, and
+    """cpu_kernels='packed' packs float32 linears for oneDNN: same greedy tokens as the unpacked model, and
     speculative output still equal to plain greedy of the packed target."""
     import copy
 
@@ -271,15 +271,44 @@ def test_onednn_packed_float32_models_decode_exactly(tmp_path, monkeypatch):
     tokens, _ = run(packed_target, make_drafter("model", packed_draft, VOCAB), TreeConfig("talon", budget=8, topk=3), prompt, 30)
     assert tokens == expected
     folder = save_tiny_llama(tmp_path / "tiny")
-    generator = SpeculativeGenerator(str(folder), str(folder), dtype="float32", device="cpu", tree="talon", budget=6)
+    generator = SpeculativeGenerator(str(folder), str(folder), dtype="float32", device="cpu", tree="talon", budget=6,
+                                     cpu_kernels="packed")
     assert any(type(m).__name__ == "MkldnnLinear" for m in generator.target_model.modules())
+    assert generator.cpu_kernels == {"target": "packed", "draft": "packed"}
     plain = SpeculativeGenerator(str(folder), str(folder), dtype="float32", device="cpu", tree="talon", budget=6,
                                  cpu_kernels="default")
     assert not any(type(m).__name__ == "MkldnnLinear" for m in plain.target_model.modules())
+    assert plain.cpu_kernels == {"target": "default", "draft": "default"}
     ids = [3, 4, 5, 3, 4]
     assert generator.generate(input_ids=ids, max_new_tokens=12).token_ids == plain.generate(input_ids=ids, max_new_tokens=12).token_ids
     with pytest.raises(TalonError, match="^cpu_kernels: got 'fast'"):
         SpeculativeGenerator(str(folder), str(folder), dtype="float32", device="cpu", cpu_kernels="fast")
+
+
+def test_auto_cpu_kernels_pack_only_where_one_row_is_not_slower(tmp_path, monkeypatch):
+    """cpu_kernels='auto' measures one row through the model's largest linear both ways and packs only when
+    the packed path is at least as fast (plain decoding is the floor speculation must not lower)."""
+    from talon_sd import lm
+
+    model = tiny_model("qwen2", seed=5).cpu()
+    assert lm.choose_cpu_kernels(model, measure=lambda m: (0.0020, 0.0010)) == "packed"
+    assert lm.choose_cpu_kernels(model, measure=lambda m: (0.0010, 0.0012)) == "default"
+    assert lm.choose_cpu_kernels(model, measure=lambda m: None) == "default"
+    measured = lm.one_row_linear_seconds(model, repeats=3)  # the real measurement: two positive medians
+    assert measured is not None and all(seconds > 0 for seconds in measured)
+    assert lm.one_row_linear_seconds(tiny_model("qwen2", seed=5).to(torch.bfloat16)) is None  # nothing to pack
+    before = [p.clone() for p in model.parameters()]
+    lm.one_row_linear_seconds(model, repeats=2)  # measuring leaves the model as it was
+    assert not any(type(m).__name__ == "MkldnnLinear" for m in model.modules())
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+    monkeypatch.setenv("TALON_SD_CACHE", str(tmp_path / "cache"))
+    folder = save_tiny_llama(tmp_path / "tiny")
+    for seconds, expected in (((0.002, 0.001), "packed"), ((0.001, 0.002), "default")):
+        monkeypatch.setattr(lm, "one_row_linear_seconds", lambda m, seconds=seconds: seconds)
+        generator = SpeculativeGenerator(str(folder), str(folder), dtype="float32", device="cpu", tree="talon", budget=6)
+        assert generator.cpu_kernels == {"target": expected, "draft": expected}
+        assert any(type(m).__name__ == "MkldnnLinear" for m in generator.target_model.modules()) == (expected == "packed")
 
 
 def test_auto_budget_calls_continue_the_previous_calls_controller_per_method_drafter_and_mode(llama_pair):

@@ -33,11 +33,11 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 import torch
 
 from .builders import make_builder
-from .config import AUTO, AUTO_METHODS, GenerationConfig, SamplingConfig, TreeConfig
+from .config import AUTO, AUTO_METHODS, CPU_KERNELS, GenerationConfig, SamplingConfig, TreeConfig
 from .decoding import Pipeline, StopCondition, decode
 from .drafters import DRAFTERS, Eagle3Drafter, ModelDrafter, NgramDrafter
 from .errors import TalonError, TalonWarning, bad_argument
-from .lm import CausalLM, pack_linears_for_cpu
+from .lm import CausalLM, apply_cpu_kernels, kernels_of
 from .stats import DecodeStats
 
 if TYPE_CHECKING:
@@ -92,8 +92,9 @@ class SpeculativeGenerator:
     chat_template  wrap string prompts in the tokenizer's chat template (instruct models)
     head           an EAGLE-3 head folder loaded beside the draft LM, for calls with ``drafter="eagle3"``
     initial_budget the controller's first budget (e.g. from a ``talon tune`` profile)
-    cpu_kernels    ``auto`` packs float32 linears for oneDNN on CPU (about 2x faster forwards of a few
-                   tokens there, see :func:`talon_sd.lm.pack_linears_for_cpu`); ``default`` leaves torch's
+    cpu_kernels    float32 linears on CPU: ``packed`` for oneDNN, ``default`` torch's own, ``auto`` whichever
+                   serves one row faster on this CPU, measured per model at load
+                   (:func:`talon_sd.lm.choose_cpu_kernels`); ``self.cpu_kernels`` says what each model runs
     """
 
     def __init__(
@@ -116,11 +117,11 @@ class SpeculativeGenerator:
 
         tree_config = _tree_config(tree, tree_options)
         _check_drafter(drafter)
-        if cpu_kernels not in ("auto", "default"):
-            raise bad_argument("cpu_kernels", cpu_kernels, "'auto' (oneDNN-packed float32 linears on CPU) or 'default'")
+        if cpu_kernels not in CPU_KERNELS:
+            raise bad_argument("cpu_kernels", cpu_kernels, "'auto' (measured: packed where it is faster), "
+                               "'packed' (oneDNN-packed float32 linears on CPU) or 'default'")
         loaded_target = models.load_model(target or models.DEFAULT_TARGET, role="target", dtype=dtype, device=device)
-        if cpu_kernels == "auto":
-            pack_linears_for_cpu(loaded_target.model)
+        apply_cpu_kernels(loaded_target.model, cpu_kernels)
         loaded_draft = None
         if drafter == "eagle3" and tree_config.method != "ar":
             from .eagle3 import load_eagle3_head
@@ -136,8 +137,7 @@ class SpeculativeGenerator:
                 draft or models.DEFAULT_DRAFT, role="draft", dtype=dtype, device=device, with_tokenizer=True
             )
             models.check_same_vocab(loaded_target, loaded_draft)
-            if cpu_kernels == "auto":
-                pack_linears_for_cpu(loaded_draft.model)
+            apply_cpu_kernels(loaded_draft.model, cpu_kernels)
         extra_head = None
         if head is not None:  # an EAGLE-3 head beside the draft LM: per-call drafter="eagle3"
             from .eagle3 import load_eagle3_head
@@ -196,6 +196,8 @@ class SpeculativeGenerator:
             draft_model = None
         self.draft_model = draft_model
         self.draft = CausalLM(draft_model, role="draft") if draft_model is not None else None
+        # what the linears run with, read off the models: "packed" (oneDNN) or "default"
+        self.cpu_kernels = {"target": kernels_of(target_model), "draft": kernels_of(draft_model)}
         eos = set()
         for source in (getattr(tokenizer, "eos_token_id", None), getattr(target_model.generation_config, "eos_token_id", None)):
             eos.update([source] if isinstance(source, int) else (source or []))

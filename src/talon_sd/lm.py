@@ -247,16 +247,20 @@ def _features(hidden_states: tuple[torch.Tensor, ...], layers: tuple[int, ...]) 
     return torch.cat([hidden_states[layer][0] for layer in layers], dim=-1)
 
 
+def _packable(module) -> bool:
+    return (type(module) is torch.nn.Linear and module.weight.dtype == torch.float32
+            and module.weight.device.type == "cpu")
+
+
 def pack_linears_for_cpu(model) -> int:
     """Replace every ``nn.Linear`` of a float32 CPU model by its oneDNN-packed form
     (``torch.utils.mkldnn.to_mkldnn``); returns how many were packed.
 
-    Why: on the project's 2-core EPYC CPUs torch's default float32 linear is slow for a few rows (a
-    2-token verify of the 1.5B target cost 1.9x a 1-token step, 691 vs 371 ms) while the packed
-    weights serve 1, 2 and 8 rows in 177, 233 and 272 ms (scripts/matmul_paths.py, docs/BENCHMARKS.md).
-    Same float32 arithmetic in another order: logits moved by <= 7e-5, greedy argmax unchanged. bfloat16
-    already runs through oneDNN, so only float32 models are packed. Weights become buffers of the packed
-    modules (inference only)."""
+    Same float32 arithmetic in another order: logits moved by <= 7e-5, greedy argmax unchanged (measured on
+    the packed 1.5B target; tests/test_edges.py checks speculative output against the packed model's own
+    plain greedy). bfloat16 already runs through oneDNN, so only float32 models are packed. Weights become
+    buffers of the packed modules (inference only). Whether packing pays is a property of the CPU:
+    :func:`choose_cpu_kernels`."""
     import warnings
 
     if not torch.backends.mkldnn.is_available():
@@ -270,7 +274,76 @@ def pack_linears_for_cpu(model) -> int:
             return 0
         for module in list(model.modules()):
             for name, child in list(module.named_children()):
-                if type(child) is torch.nn.Linear and child.weight.dtype == torch.float32 and child.weight.device.type == "cpu":
+                if _packable(child):
                     setattr(module, name, mkldnn.to_mkldnn(child))
                     packed += 1
     return packed
+
+
+def one_row_linear_seconds(model, repeats: int = 15) -> tuple[float, float] | None:
+    """Median seconds of one row ``[1, in]`` through the model's largest float32 CPU linear (the output
+    embedding excepted: a vocabulary-sized copy would cost a GB), with torch's own kernel and oneDNN-packed,
+    interleaved so that drift hits both alike: ``(default, packed)``; None when nothing is packable."""
+    import time
+    import warnings
+
+    if not torch.backends.mkldnn.is_available():
+        return None
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    linears = [m for m in model.modules() if _packable(m) and m is not output]
+    if not linears:
+        return None
+    linear = max(linears, key=lambda m: m.weight.numel())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        try:
+            from torch.utils import mkldnn
+        except ImportError:
+            return None
+        packed = mkldnn.to_mkldnn(linear)  # a packed copy; the model keeps its own weight
+    row = torch.randn(1, linear.in_features)  # [1, in]
+    samples: dict[str, list[float]] = {"default": [], "packed": []}
+    with torch.inference_mode():
+        for index in range(repeats + 3):  # the first 3 rounds warm both paths up
+            for name, path in (("default", linear), ("packed", packed)):
+                started = time.perf_counter()
+                path(row)
+                if index >= 3:
+                    samples[name].append(time.perf_counter() - started)
+    median = lambda values: sorted(values)[len(values) // 2]  # noqa: E731
+    return median(samples["default"]), median(samples["packed"])
+
+
+def choose_cpu_kernels(model, measure=None) -> str:
+    """``"packed"`` when oneDNN-packed float32 linears serve one row at least as fast as torch's own kernel on
+    this CPU, else ``"default"`` (also for models with nothing to pack: bfloat16, CUDA).
+
+    Why measured and why one row: the better path depends on the CPU. On the project's AMD EPYC hosts
+    torch's default float32 linear is slow for a few rows and packing halves a target step (371 -> 177 ms;
+    a 2-token verify 691 -> 233 ms); on an Intel Xeon with AMX torch's own kernel is the faster one for one
+    row (232 vs 280 ms a step) and packing wins only from 4 rows on (docs/BENCHMARKS.md section 5). One
+    row is plain decoding, the floor the online controller falls back to: a kernel that slows it would
+    make speculation's "never slower than plain decoding" a comparison against a slowed plain decoding.
+    ``measure`` (default :func:`one_row_linear_seconds`) returns ``(default_seconds, packed_seconds)`` or None."""
+    seconds = (measure or one_row_linear_seconds)(model)
+    if seconds is None:
+        return "default"
+    default_seconds, packed_seconds = seconds
+    return "packed" if packed_seconds <= default_seconds else "default"
+
+
+def apply_cpu_kernels(model, cpu_kernels: str) -> str:
+    """Apply ``cpu_kernels`` (one of :data:`talon_sd.config.CPU_KERNELS`) to a loaded model; returns what it runs with:
+    ``"packed"`` or ``"default"``. ``auto`` asks :func:`choose_cpu_kernels`."""
+    if cpu_kernels == "auto":
+        cpu_kernels = choose_cpu_kernels(model)
+    if cpu_kernels == "packed" and pack_linears_for_cpu(model) > 0:
+        return "packed"
+    return "default"
+
+
+def kernels_of(model) -> str | None:
+    """``"packed"`` when the model has oneDNN-packed linears, ``"default"`` otherwise, None for no model."""
+    if model is None:
+        return None
+    return "packed" if any(type(m).__name__ == "MkldnnLinear" for m in model.modules()) else "default"

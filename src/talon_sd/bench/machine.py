@@ -107,7 +107,7 @@ def git_revision() -> str | None:
 
 
 def model_settings(generator) -> dict:
-    """dtype, device, attention backend and thread count a generator runs with."""
+    """dtype, device, attention backend, CPU kernels and thread count a generator runs with."""
     target = generator.target_model
     return {
         "dtype": str(generator.target.dtype).replace("torch.", ""),
@@ -115,6 +115,7 @@ def model_settings(generator) -> dict:
         "device": str(generator.target.device),
         "attn_implementation": getattr(target.config, "_attn_implementation", None),
         "threads": torch.get_num_threads(),
+        "cpu_kernels": dict(getattr(generator, "cpu_kernels", {})),
         "target_parameters": _weights(target),
         "draft_parameters": _weights(generator.draft_model)
         if generator.draft_model is not None else None,
