@@ -14,7 +14,8 @@ Scenarios: float32 (verifying T tokens costs about T one-token steps) and bf16 (
 CPU, code / mid / chat acceptance, six 64-token requests with 120-token prompts (the first request, where a
 fresh controller learns its costs, left out); float32 code and chat with 200-token prompts whose draft-LM
 catch-up costs more than a trial's 5% share (humaneval on the real pair); a float32 sequence of six chat then four code requests; and
-16-token QA answers after two 64-token chat requests (the world of design 11's test).
+16-token QA answers after two 64-token chat requests (the world of design 11's test); and float32 costs of an
+Intel Xeon with AMX, where only a 2-node tree is cheap to verify (design 16), 128-token requests.
 """
 
 from __future__ import annotations
@@ -33,9 +34,19 @@ from test_control import CODE, CPU_FACTS_MS, World, measured_curve, simulate  # 
 from talon_sd.control import BudgetController, ControllerSettings  # noqa: E402
 
 
+# Intel Xeon with AMX, float32 with torch's own kernels (docs/BENCHMARKS.md section 5, "Kernels on a second CPU
+# kind"): a 2-token verify costs 1.04x one token, 4 tokens 1.9x; the draft forward is measured, not 0.3 x verify
+INTEL_FP32_MS = {"target": {1: 232, 2: 243, 4: 450, 8: 636, 16: 656, 32: 752, 64: 1100},
+                 "draft": {1: 88, 2: 91, 4: 178, 8: 216, 16: 248, 32: 284, 64: 420}}
+
+
 def world(dtype: str, catch_up: float, report_confidence: bool = True, **acceptance) -> World:
-    verify = measured_curve(CPU_FACTS_MS[dtype])
-    return World(verify=verify, draft=lambda width: 0.3 * verify(width), other=0.005, catch_up=catch_up,
+    if dtype == "intel-fp32":
+        verify, draft = measured_curve(INTEL_FP32_MS["target"]), measured_curve(INTEL_FP32_MS["draft"])
+    else:
+        verify = measured_curve(CPU_FACTS_MS[dtype])
+        draft = lambda width: 0.3 * verify(width)  # noqa: E731
+    return World(verify=verify, draft=draft, other=0.005, catch_up=catch_up,
                  report_confidence=report_confidence, **acceptance)
 
 
@@ -44,8 +55,8 @@ def ratio(runs, plains) -> float:
         sum(sum(p.tokens) for p in plains) / sum(sum(p.seconds) for p in plains))
 
 
-def requests(text: World, seeds: int, count: int = 6, prompt: int = 120, tokens: int = 64):
-    """Per seed: auto / plain and N = 8 / plain over requests 2..count, and the auto runs' reasons."""
+def requests(text: World, seeds: int, count: int = 6, prompt: int = 120, tokens: int = 64, fixed_budget: int = 8):
+    """Per seed: auto / plain and N = fixed_budget / plain over requests 2..count, and the auto runs' reasons."""
     autos, fixed, reasons = [], [], Counter()
     for seed in range(seeds):
         controller = BudgetController(ControllerSettings())
@@ -56,7 +67,7 @@ def requests(text: World, seeds: int, count: int = 6, prompt: int = 120, tokens:
             if request:
                 runs.append(run)
                 plains.append(simulate(text, None, 1, seed=run_seed, prompt=prompt, tokens=tokens))
-                eights.append(simulate(text, None, 8, seed=run_seed, prompt=prompt, tokens=tokens))
+                eights.append(simulate(text, None, fixed_budget, seed=run_seed, prompt=prompt, tokens=tokens))
                 reasons.update(run.reasons)
             controller = controller.for_next_sequence()
         autos.append(ratio(runs, plains))
@@ -137,6 +148,13 @@ def main() -> None:
         print(line(f"fp32 chat -> code, 200-token prompts: {block}", autos, reasons))
     autos, reasons = short_answers(max(seeds * 3 // 4, 1))
     print(line("fp32 16-token QA after chat", autos, reasons))
+    # float32 on the Intel Xeon (AMX), 128-token requests: only the 2-node tree is cheap to verify (design 16);
+    # "T = 1-like" acceptance is lower agreement; the fixed column is N = 2 here
+    for name, text in (("Intel fp32 code, T = 1-like (fixed: N = 2)", world("intel-fp32", 0.004, agree=0.9, confidence=(0.6, 0.99))),
+                       ("Intel fp32 chat, T = 1-like (fixed: N = 2)", world("intel-fp32", 0.004, agree=0.7, confidence=(0.3, 0.9))),
+                       ("Intel fp32 code, greedy-like (fixed: N = 2)", world("intel-fp32", 0.004, **CODE))):
+        autos, fixed, reasons = requests(text, seeds, tokens=128, fixed_budget=2)
+        print(line(name, autos, reasons, fixed))
 
 
 if __name__ == "__main__":

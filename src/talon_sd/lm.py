@@ -284,6 +284,7 @@ def one_row_linear_seconds(model, repeats: int = 15) -> tuple[float, float] | No
     """Median seconds of one row ``[1, in]`` through the model's largest float32 CPU linear (the output
     embedding excepted: a vocabulary-sized copy would cost a GB), with torch's own kernel and oneDNN-packed,
     interleaved so that drift hits both alike: ``(default, packed)``; None when nothing is packable."""
+    import statistics
     import time
     import warnings
 
@@ -310,8 +311,7 @@ def one_row_linear_seconds(model, repeats: int = 15) -> tuple[float, float] | No
                 path(row)
                 if index >= 3:
                     samples[name].append(time.perf_counter() - started)
-    median = lambda values: sorted(values)[len(values) // 2]  # noqa: E731
-    return median(samples["default"]), median(samples["packed"])
+    return statistics.median(samples["default"]), statistics.median(samples["packed"])
 
 
 def choose_cpu_kernels(model, measure=None) -> str:
