@@ -60,18 +60,18 @@ def requests(text: World, seeds: int, count: int = 6, prompt: int = 120, tokens:
     autos, fixed, reasons = [], [], Counter()
     for seed in range(seeds):
         controller = BudgetController(ControllerSettings())
-        runs, plains, eights = [], [], []
+        runs, plains, fixed_runs = [], [], []
         for request in range(count):
             run_seed = 100 * seed + request
             run = simulate(text, None, controller, seed=run_seed, prompt=prompt, tokens=tokens)
             if request:
                 runs.append(run)
                 plains.append(simulate(text, None, 1, seed=run_seed, prompt=prompt, tokens=tokens))
-                eights.append(simulate(text, None, fixed_budget, seed=run_seed, prompt=prompt, tokens=tokens))
+                fixed_runs.append(simulate(text, None, fixed_budget, seed=run_seed, prompt=prompt, tokens=tokens))
                 reasons.update(run.reasons)
             controller = controller.for_next_sequence()
         autos.append(ratio(runs, plains))
-        fixed.append(ratio(eights, plains))
+        fixed.append(ratio(fixed_runs, plains))
     return autos, fixed, reasons
 
 

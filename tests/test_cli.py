@@ -32,7 +32,8 @@ def private_cache(tmp_path, monkeypatch):
 
 def generate(folders, *extra, prompt="w3 w4 w5 w3 w4", target=None, draft=None):
     return main(["generate", prompt, "--target", target or folders["target"], "--draft", draft or folders["draft"],
-                 "--dtype", "float32", "--device", "cpu", "--max-new-tokens", "12", *extra])
+                 "--dtype", "float32", "--device", "cpu", "--max-new-tokens", "12",
+                 "--cpu-kernels", "packed", *extra])  # pinned: each call loads the models anew (auto times them)
 
 
 def test_json_output_is_exactly_one_object_and_matches_ar(folders, capsys):

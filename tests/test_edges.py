@@ -297,6 +297,14 @@ def test_auto_cpu_kernels_pack_only_where_one_row_is_not_slower(tmp_path, monkey
     measured = lm.one_row_linear_seconds(model, repeats=3)  # the real measurement: two positive medians
     assert measured is not None and all(seconds > 0 for seconds in measured)
     assert lm.one_row_linear_seconds(tiny_model("qwen2", seed=5).to(torch.bfloat16)) is None  # nothing to pack
+    head_only = tiny_model("qwen2", seed=5).to(torch.bfloat16)
+    head_only.lm_head.float()  # the output embedding is the only float32 linear: never timed (a GB on real models)
+    assert lm.one_row_linear_seconds(head_only) is None
+    torch.manual_seed(123)
+    expected_draw = torch.rand(3)
+    torch.manual_seed(123)
+    lm.one_row_linear_seconds(model, repeats=1)
+    assert torch.equal(torch.rand(3), expected_draw)  # a user's seeded sequence is not moved by the measurement
     before = [p.clone() for p in model.parameters()]
     lm.one_row_linear_seconds(model, repeats=2)  # measuring leaves the model as it was
     assert not any(type(m).__name__ == "MkldnnLinear" for m in model.modules())

@@ -113,7 +113,8 @@ def spawn_server(folders: dict, root: pathlib.Path, name: str, *extra: str) -> S
     port = free_port()
     log = root / f"{name}.log"
     command = [sys.executable, "-m", "talon_sd.cli", "serve", "--target", folders["target"], "--draft", folders["draft"],
-               "--dtype", "float32", "--device", "cpu", "--threads", "1", *TREE_FLAGS, "--port", str(port),
+               "--dtype", "float32", "--device", "cpu", "--cpu-kernels", "packed", "--threads", "1", *TREE_FLAGS,
+               "--port", str(port),
                "--served-model-name", MODEL_NAME, *extra]
     env = {**os.environ, "TALON_SD_CACHE": str(root / "cache"), "TOKENIZERS_PARALLELISM": "false"}
     env.pop("TALON_API_KEY", None)
@@ -165,7 +166,8 @@ def guarded(servers) -> Server:
 @pytest.fixture(scope="module")
 def oracle(folders):
     """Plain greedy decoding (the ``ar`` tree) in this process: what every greedy request must return."""
-    generator = SpeculativeGenerator(folders["target"], None, tree="ar", dtype="float32", device="cpu")
+    generator = SpeculativeGenerator(folders["target"], None, tree="ar", dtype="float32", device="cpu",
+                                     cpu_kernels="packed")  # the servers' kernels: the same arithmetic
 
     def complete(content: str, max_tokens: int) -> str:
         return generator.generate([{"role": "user", "content": content}], max_new_tokens=max_tokens).text
@@ -203,7 +205,7 @@ def test_greedy_output_equals_talon_generate(server, folders, capsys):
     prompt = "w3 w4 w5 w3 w4"
     for raw, call in ((True, "completions"), (False, "chat")):
         cli_args = ["generate", prompt, "--target", folders["target"], "--draft", folders["draft"], "--dtype", "float32",
-                    "--device", "cpu", "--max-new-tokens", "16", "--json", *TREE_FLAGS]
+                    "--device", "cpu", "--cpu-kernels", "packed", "--max-new-tokens", "16", "--json", *TREE_FLAGS]
         assert main(cli_args + (["--no-chat-template"] if raw else [])) == 0
         expected = json.loads(capsys.readouterr().out)
         if call == "completions":

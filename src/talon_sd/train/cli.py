@@ -18,6 +18,7 @@ import re
 import shlex
 from dataclasses import asdict, dataclass
 
+from ..config import CPU_KERNELS
 from ..errors import TalonError, bad_argument
 
 STAGES = ("data", "features", "train", "all")
@@ -48,10 +49,10 @@ def register(commands) -> None:
     parser.add_argument("--dtype", default=None, help="auto (default), float32 or bfloat16: the target's dtype")
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if present)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument("--cpu-kernels", default="auto", choices=("auto", "default"),
-                        help="auto (default): oneDNN-packed float32 linears in the target's decoder on CPU for the "
-                             "data and features stages (about 2-3x faster batched forwards on AVX2 CPUs); "
-                             "default: torch's own kernels")
+    parser.add_argument("--cpu-kernels", default="auto", choices=CPU_KERNELS,
+                        help="auto (default) or packed: oneDNN-packed float32 linears in the target's decoder on CPU "
+                             "for the data and features stages (their forwards are batched, where packing won on "
+                             "every CPU measured, so auto times nothing here); default: torch's own kernels")
     data = parser.add_argument_group("data")
     data.add_argument("--prompts", action="append", default=None, metavar="FILE.jsonl",
                       help='prompts, one JSON object a line with "turns": [...] or "prompt": "..." (repeatable)')
@@ -243,7 +244,7 @@ def run_train_head(args: argparse.Namespace) -> int:
     from ..models import load_model
 
     loaded = load_model(plan.target, dtype=plan.dtype, device=args.device)
-    if args.cpu_kernels == "auto" and stages_need_target_forwards(plan.stages()):
+    if args.cpu_kernels in ("auto", "packed") and stages_need_target_forwards(plan.stages()):
         from ..lm import pack_linears_for_cpu
 
         decoder = loaded.model.get_decoder() if hasattr(loaded.model, "get_decoder") else None
