@@ -247,6 +247,22 @@ def _features(hidden_states: tuple[torch.Tensor, ...], layers: tuple[int, ...]) 
     return torch.cat([hidden_states[layer][0] for layer in layers], dim=-1)
 
 
+def _mkldnn():
+    """``torch.utils.mkldnn`` (its import warns: it is built on the deprecated torch.jit.script_method), or None
+    where torch has no oneDNN."""
+    import warnings
+
+    if not torch.backends.mkldnn.is_available():
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        try:
+            from torch.utils import mkldnn
+        except ImportError:
+            return None
+    return mkldnn
+
+
 def _packable(module) -> bool:
     return (type(module) is torch.nn.Linear and module.weight.dtype == torch.float32
             and module.weight.device.type == "cpu")
@@ -261,22 +277,15 @@ def pack_linears_for_cpu(model) -> int:
     plain greedy). bfloat16 already runs through oneDNN, so only float32 models are packed. Weights become
     buffers of the packed modules (inference only). Whether packing pays is a property of the CPU:
     :func:`choose_cpu_kernels`."""
-    import warnings
-
-    if not torch.backends.mkldnn.is_available():
+    mkldnn = _mkldnn()
+    if mkldnn is None:  # a torch without oneDNN: keep torch's own kernels
         return 0
     packed = 0
-    with warnings.catch_warnings():  # torch.utils.mkldnn is built on torch.jit.script_method (deprecated)
-        warnings.simplefilter("ignore", DeprecationWarning)
-        try:
-            from torch.utils import mkldnn
-        except ImportError:  # a torch without it: keep torch's own kernels
-            return 0
-        for module in list(model.modules()):
-            for name, child in list(module.named_children()):
-                if _packable(child):
-                    setattr(module, name, mkldnn.to_mkldnn(child))
-                    packed += 1
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if _packable(child):
+                setattr(module, name, mkldnn.to_mkldnn(child))
+                packed += 1
     return packed
 
 
@@ -286,22 +295,14 @@ def one_row_linear_seconds(model, repeats: int = 15) -> tuple[float, float] | No
     interleaved so that drift hits both alike: ``(default, packed)``; None when nothing is packable."""
     import statistics
     import time
-    import warnings
 
-    if not torch.backends.mkldnn.is_available():
-        return None
+    mkldnn = _mkldnn()
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     linears = [m for m in model.modules() if _packable(m) and m is not output]
-    if not linears:
+    if mkldnn is None or not linears:
         return None
     linear = max(linears, key=lambda m: m.weight.numel())
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        try:
-            from torch.utils import mkldnn
-        except ImportError:
-            return None
-        packed = mkldnn.to_mkldnn(linear)  # a packed copy; the model keeps its own weight
+    packed = mkldnn.to_mkldnn(linear)  # a packed copy; the model keeps its own weight
     row = torch.randn(1, linear.in_features, generator=torch.Generator().manual_seed(0))  # [1, in]; global RNG untouched
     samples: dict[str, list[float]] = {"default": [], "packed": []}
     with torch.inference_mode():
@@ -334,14 +335,13 @@ def choose_cpu_kernels(model, measure=None) -> str:
     return "packed" if packed_seconds <= default_seconds else "default"
 
 
-def apply_cpu_kernels(model, cpu_kernels: str) -> str:
-    """Apply ``cpu_kernels`` (one of :data:`talon_sd.config.CPU_KERNELS`) to a loaded model; returns what it runs with:
-    ``"packed"`` or ``"default"``. ``auto`` asks :func:`choose_cpu_kernels`."""
+def apply_cpu_kernels(model, cpu_kernels: str) -> None:
+    """Apply ``cpu_kernels`` (one of :data:`talon_sd.config.CPU_KERNELS`) to a loaded model; ``auto`` asks
+    :func:`choose_cpu_kernels`. What the model then runs with is read off it: :func:`kernels_of`."""
     if cpu_kernels == "auto":
         cpu_kernels = choose_cpu_kernels(model)
-    if cpu_kernels == "packed" and pack_linears_for_cpu(model) > 0:
-        return "packed"
-    return "default"
+    if cpu_kernels == "packed":
+        pack_linears_for_cpu(model)
 
 
 def kernels_of(model) -> str | None:

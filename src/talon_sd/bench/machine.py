@@ -115,7 +115,7 @@ def model_settings(generator) -> dict:
         "device": str(generator.target.device),
         "attn_implementation": getattr(target.config, "_attn_implementation", None),
         "threads": torch.get_num_threads(),
-        "cpu_kernels": dict(getattr(generator, "cpu_kernels", {})),
+        "cpu_kernels": dict(generator.cpu_kernels),
         "target_parameters": _weights(target),
         "draft_parameters": _weights(generator.draft_model)
         if generator.draft_model is not None else None,
