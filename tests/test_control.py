@@ -734,7 +734,7 @@ def test_inconsistent_records_raise_value_error(change):
 
 def test_every_step_says_why_it_got_its_budget():
     # The reason beside each budget (recorded per step in the stats and bench reports) agrees with what ran:
-    # a trial runs above the choice, a plain measurement or catch-up skip runs N = 1 under a drafted choice,
+    # a trial runs above the choice, a lean step one rung above it (design 17), a plain measurement or catch-up skip runs N = 1 under a drafted choice,
     # and a step whose due trial could not start runs the choice and names what stopped the trial.
     verify = measured_curve(CPU_FACTS_MS["fp32"])
     code = World(verify=verify, draft=lambda width: 0.3 * verify(width), other=0.005, catch_up=0.005,
@@ -750,6 +750,9 @@ def test_every_step_says_why_it_got_its_budget():
             for budget, choice, reason in zip(run.budgets, run.choices, run.reasons):
                 if reason == "trial":
                     assert budget > choice, (budget, choice)
+                elif reason == "lean":  # the next candidate above the choice, at least the initial budget
+                    above = [k for k in controller.candidates if k > choice]
+                    assert budget == next(k for k in above if k >= ControllerSettings().initial_budget), (budget, choice)
                 elif reason in ("plain-measure", "catch-up-skip"):
                     assert budget == 1 < choice, (budget, choice, reason)
                 else:
@@ -757,7 +760,7 @@ def test_every_step_says_why_it_got_its_budget():
             seen.update(run.reasons)
             controller = controller.for_next_sequence()
     # trials, plain measurements and trials stopped by catch-up and by their past losses all occur here
-    assert {"choice", "trial", "plain-measure", "trial-catch-up", "trial-postponed"} <= set(seen), seen
+    assert {"choice", "trial", "lean", "plain-measure", "trial-catch-up", "trial-postponed"} <= set(seen), seen
 
 
 def test_summary_reports_the_histogram_of_chosen_budgets():

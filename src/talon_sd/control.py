@@ -297,6 +297,7 @@ CHILD_PRIOR_SHARE = 0.7  # prior: an accepted, expanded node has one of its draf
 REASONS = {
     "choice": "the current choice; no trial due (or the choice is the largest candidate)",
     "trial": "a step of a trial of a larger budget (design 3)",
+    "lean": "the candidate one rung above the choice, within lean_margin of it or not yet trusted (design 17)",
     "plain-measure": "a plain step measuring verify(1): first samples, then every plain_refresh_interval (design 13)",
     "catch-up-skip": "the drafted choice run as a plain step: its catch-up would not pay (designs 6, 14)",
     "trial-untrusted": "a trial was due but the choice has no trusted rate yet",
@@ -579,6 +580,7 @@ class ControllerSettings:
     exploration_half_life: float = 64.0
     predict_trials: bool = True
     confidence_window: int = 16
+    lean_margin: float = 0.03
 
     def __post_init__(self) -> None:
         for name in ("allow_plain", "early_stop", "predict_trials"):
@@ -612,6 +614,7 @@ class ControllerSettings:
                       lambda x: x >= 0, infinite_ok=True)
         _check_number("probe_factor", self.probe_factor, "a number > 1", lambda x: x > 1)
         _check_number("dominance_margin", self.dominance_margin, "a number in [0, 1)", lambda x: 0 <= x < 1)
+        _check_number("lean_margin", self.lean_margin, "a number in [0, 1) (0: never lean)", lambda x: 0 <= x < 1)
         _check_number("calibration_decay", self.calibration_decay, "a number in (0, 1]", lambda x: 0 < x <= 1)
         _check_number("calibration_prior_strength", self.calibration_prior_strength, "a number > 0",
                       lambda x: x > 0)
@@ -1022,8 +1025,14 @@ class BudgetController:
         else:
             self._choose()
             budget, self._reason = self._choice, "choice"
+            lean = self._lean()
             if self._plain_due():
                 budget, self._reason = 1, "plain-measure"
+            elif lean is not None:
+                budget, self._reason = lean, "lean"
+                if not self._worth_catching_up(budget, catch_up, expected):
+                    budget, self._reason = 1, "catch-up-skip"
+                    self._catch_up_skips += 1
             else:
                 if (self._step >= self._next_trial or self._predicted_win()) and budget < self.candidates[-1]:
                     blocked = self._trial_blocked(catch_up, expected)
@@ -1470,6 +1479,30 @@ class BudgetController:
         elif self._dominated(self._choice, rates[best]):
             self._choice = best
 
+    def _lean(self) -> int | None:
+        """Design 17: the candidate one rung above a drafted choice, to run instead of it, or None. It runs while
+        its trusted rate is within ``lean_margin`` of the choice's, or, untrusted, while its optimistic rate is not
+        dominated and trials have not lost their exploration share; every step it runs informs the choice and
+        every budget below it, paired, on the same steps."""
+        choice, rates, margin = self._choice, self._rates, self.settings.lean_margin
+        if margin <= 0 or choice == 1 or choice not in rates or choice == self.candidates[-1]:
+            return None
+        if not (self._own_outcomes or self._drafted_before):  # as for a trial (design 11b): the choice first
+            return None
+        above = self._lean_rung(choice)
+        if above in rates:
+            return above if rates[above] >= (1.0 - margin) * rates[choice] else None
+        if self._dominated(above, rates[choice]) or not self._exploration_affordable():
+            return None
+        return above
+
+    def _lean_rung(self, choice: int) -> int:
+        """The candidate a drafted choice leans to (design 17): the next one above it, and at least
+        ``initial_budget`` (from N = 5 the next rung, 6, adds a draft forward for one node and loses on text
+        where 8 wins: it would stop a climb)."""
+        above = [k for k in self.candidates if k > choice]
+        return next((k for k in above if k >= self.settings.initial_budget), above[-1])
+
     def _plain_due(self) -> bool:
         """A plain step that measures verify(1) is due: while it has fewer than ``min_steps`` measured samples
         (from step 1 on, unless a prior gives verify(1)) and every ``plain_refresh_interval`` steps
@@ -1508,6 +1541,8 @@ class BudgetController:
         # drafted choice always the next rungs up to base (design 10)
         target = base * 2 ** (self._probe_level if choice == 1 else 0)
         top = next((k for k in above if k >= target), above[-1])
+        if choice > 1 and settings.lean_margin > 0:  # design 17: from a drafted choice, the lean rung
+            top = self._lean_rung(choice)
         reference = self._rates.get(choice)
         probe = next((k for k in reversed(above) if k <= top and not self._dominated(k, reference)), None)
         if probe is None:
