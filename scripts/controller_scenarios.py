@@ -15,7 +15,9 @@ CPU, code / mid / chat acceptance, six 64-token requests with 120-token prompts 
 fresh controller learns its costs, left out); float32 code and chat with 200-token prompts whose draft-LM
 catch-up costs more than a trial's 5% share (humaneval on the real pair); a float32 sequence of six chat then four code requests; and
 16-token QA answers after two 64-token chat requests (the world of design 11's test); and float32 costs of an
-Intel Xeon with AMX, where only a 2-node tree is cheap to verify (design 16), 128-token requests.
+Intel Xeon with AMX, where only a 2-node tree is cheap to verify (design 16), 128-token requests; and bf16 costs of
+that Xeon (verification flat to 32 tokens) with acceptance like the real Qwen pair's, five code then five chat
+requests of 128 tokens, scored as issue 11's bar is: auto over the best fixed N of each block (design 17).
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ def stretches(kind: str, seed: int, catch_up: float = 0.002):
 
 
 def real_pair_sequence(seeds: int, count: int = 5, tokens: int = 128, prompt: int = 120):
-    """Per block (chat, then code, one controller carried through as in ``talon sweep``): auto over the best
+    """Per block (code, then chat, one controller carried through as in ``talon sweep``): auto over the best
     budget held fixed through the block (the issue's bar), and auto over N = 16."""
     out = {kind: ([], [], Counter()) for kind in REAL_PAIR}
     for seed in range(seeds):

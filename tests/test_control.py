@@ -833,7 +833,8 @@ def test_trials_stop_when_they_have_lost_their_share_of_the_time():
 
 def test_a_small_drafted_choice_probes_the_next_rungs_and_climbs_back():
     # bf16 costs: a poor stretch pulls the choice down to N = 3-5, then a better text comes (best fixed N
-    # 4-8). A trial from a drafted choice probes max(2 x choice, initial_budget), never further: from N = 3
+    # 4-8). A trial or lean step from a drafted choice runs at most max(2 x choice, initial_budget) (design 17's
+    # lean rung: the next candidate, at least 8), never further: from N = 3
     # that informs 4-8 at little cost, where a probe of 16-40 (twice as far after each lost trial, as from
     # plain decoding) cost the real sweep's sum and mt_bench requests (docs/BENCHMARKS.md section 5) and
     # kept 60-step requests at N = 2-3. The request gets back near its best fixed budget.

@@ -75,7 +75,7 @@ Design ("Improvement" marks where this goes past the obvious recipe)
    (``probe_levels`` levels, then over), because the rate need not be unimodal in N there: on the
    measured float32 CPU curve with code-like acceptance (tests/test_control.py) budgets 2-5 lose to
    plain decoding while 8 wins (one draft forward more for about the same verify cost); from a drafted
-   choice the probe stays at the next rungs (design 10); (b) dominance: a probe is
+   choice the probe stays at the next rungs (design 10; with ``lean_margin`` > 0, the lean rung: design 17); (b) dominance: a probe is
    skipped (and counted as lost) when even its optimistic rate, ``max over F < k of (F + 1) /
    (overhead(F) + F draft(1) + verify(k))`` (each draft forward adds at most one layer, so F forwards
    accept at most F drafts), is below ``(1 - dominance_margin)`` x the current rate: where verifying
@@ -158,7 +158,7 @@ Design ("Improvement" marks where this goes past the obvious recipe)
    20-token answers, 5 are left), capped by ``tokens_left``; three, not sixteen, so that a run of short
    answers after long ones is seen by the third.
 
-10. Probes from a drafted choice stay near it: the probe is always the smallest candidate >= max(``probe_factor``
+10. (With ``lean_margin`` > 0, design 17 replaces this: the probe is the lean rung.) Probes from a drafted choice stay near it: the probe is always the smallest candidate >= max(``probe_factor``
    x choice, ``initial_budget``); only from plain decoding do lost trials aim further (design 3a). Between
    two drafted budgets the rate is about unimodal in N (a node more costs a little more verify, a layer
    more one draft forward), and a probe of 8 from N = 3 informs every rung 4-8 at about the cost of one
@@ -263,6 +263,30 @@ Design ("Improvement" marks where this goes past the obvious recipe)
    request's plain seconds and a win of 1.15x saves ~13%, which rarely clears a margin of 2. On the real pair
    (float32 reading 12) humaneval still ran plain: its own confidences predicted no win worth twice the catch-up.
 
+17. Lean one rung up (:meth:`BudgetController._lean`). A drafted choice c runs, instead of itself, the next candidate
+   above it that is at least min(``initial_budget``, :data:`LEAN_FLOOR` = 8) (from 5, 8: the rung 6 adds a draft
+   forward for one node and would stop a climb), while that rung's trusted rate is within ``lean_margin`` (3%) of c's,
+   or, untrusted, while its optimistic rate is not dominated (design 3b) and trials have not lost their exploration
+   share (design 8; an untrusted rung's steps count their loss against c's rate there, as a trial's do); only once c
+   ran a drafted step in this sequence or the last (design 11b), and only when both c and a trusted rung pass the
+   catch-up test of designs 6 and 14 (an untrusted rung is judged as c). A lean step pushes the trial schedule back
+   by the interval: the lean is the probe. Every step at the rung informs c and
+   every budget below, paired on the same steps, so the choice's neighbours are measured all the time instead of by
+   2-step trials spaced 4-64 steps apart; when the rung wins it becomes the choice and the next rung is leaned to (a
+   climb); when it is clearly worse, c runs itself and the scheduled trials probe that rung, not 2 x c (design 10).
+   Where verification is flat (bf16 on the Intel Xeon, docs/BENCHMARKS.md section 5, sweep 12) the rate is flat to
+   2-3% around the best N while the estimates are noisier than that: a choice left on a lost 2-step trial of 16 sat
+   at N = 8 for 20 steps of chat, and trials of 2 x c (32-64 nodes on code, about one draft forward per accepted
+   token) were 90 of 645 steps. Measured in ``scripts/controller_scenarios.py``'s real-pair-like Intel bf16 worlds
+   (easy and hard stretches fitted to sweep 12's per-step acceptance at N = 8 / 16 / 24; 8 seeds, 5 code then 5 chat
+   requests of 128 tokens, auto over the best fixed N of the block): code median 0.970 -> 0.968 (min 0.880 -> 0.932,
+   mean 0.954 -> 0.972), chat median 0.917 -> 0.953 (mean 0.922 -> 0.957); leaning one rung without the
+   initial-budget floor, chat fell to N = 4-5 for 100+ steps (0.944), and probing 2 x c with the lean, code lost 3-9%
+   of a block to 3-step trials of 40-48 nodes (0.944). The float32 and EPYC bf16 scenarios moved by -1.6% to +0.9%
+   in median (float32 code with 200-token prompts 1.085 -> 1.072; chat -> code: code 1.034 -> 1.018). Tried and not
+   adopted in the same worlds: a longer memory (half-life and window 64: code 0.967, chat 0.956-0.964), a hysteresis
+   of 1-4% on every change of choice, a margin of 2%, 5% or 8%, 3-step trials: within the seeds' noise of 3%.
+
 Not modelled: keep_growing looks one layer ahead;
 a step stopped early by keep_growing is taken to be what every larger budget would have built (true
 up to keep_growing's own dependence on the budget).
@@ -292,10 +316,11 @@ PREDICTED_WIN = 1.1  # from plain, a probe predicted this much faster starts a t
 OWN_CONFIDENCES = 4  # a large catch-up waits for this many of the sequence's own confidences (design 14)
 CATCH_UP_MARGIN = 2.0  # ... when the carried rate pays it back less than this many times over (design 14)
 FOLLOW_PRIOR_SHARE = 0.5  # prior: a tree catches this share of what the draft's top-1 misses (design 12)
+LEAN_FLOOR = 8  # a drafted choice below this leans to the first candidate >= it (or initial_budget if less; design 17)
 CHILD_PRIOR_SHARE = 0.7  # prior: an accepted, expanded node has one of its drafted children accepted 70% of the time
 # why a step got its budget (:attr:`BudgetController.reason`, recorded per step in the decoding stats)
 REASONS = {
-    "choice": "the current choice; no trial due (or the choice is the largest candidate)",
+    "choice": "the current choice; no trial due and no lean (or the choice is the largest candidate)",
     "trial": "a step of a trial of a larger budget (design 3)",
     "lean": "the candidate one rung above the choice, within lean_margin of it or not yet trusted (design 17)",
     "plain-measure": "a plain step measuring verify(1): first samples, then every plain_refresh_interval (design 13)",
@@ -521,7 +546,8 @@ class ControllerSettings:
     window                  samples each candidate keeps (the most recent steps that inform it)
     half_life               steps after which a sample's weight halves
     min_steps               samples before a candidate's rate is trusted
-    probe_factor            a trial probes the smallest candidate >= probe_factor x the current choice
+    probe_factor            a trial probes the smallest candidate >= probe_factor x the current choice (with
+                            lean_margin 0; otherwise a drafted choice's probe is its lean rung, design 17)
                             (and >= initial_budget)
     plain_probe_budget      ... and from plain (N = 1), the smallest candidate >= this
     probe_levels            from plain decoding, after a lost trial the next probes twice as far, up to
@@ -550,6 +576,8 @@ class ControllerSettings:
     predict_trials          from plain decoding, postpone a trial while the target's confidence on the last
                             ``confidence_window`` tokens says the probe cannot win (design 12)
     confidence_window       committed tokens whose confidence the prediction replays
+    lean_margin             a drafted choice runs the next candidate above it (at least initial_budget) while that
+                            one's rate is within this share of the choice's or not yet trusted (design 17; 0: never)
     """
 
     max_budget: int = 64
@@ -943,6 +971,7 @@ class BudgetController:
         self._lost_seconds = 0.0  # seconds trials lost against the choice's rate (signed, decayed; carried over)
         self._exploration_keep = 0.5 ** (1.0 / settings.exploration_half_life)  # weight kept a step
         self._trial_reference: float | None = None  # the choice's rate when the running trial started
+        self._lean_reference: float | None = None  # the choice's rate when leaning to an untrusted rung (design 17)
         self._trial_loss = 0.0  # seconds the running trial lost so far against that rate, its catch-up left out
         self._trial_losses: dict[int, float] = {}  # by probe budget: what its last trials lost (design 11)
         self._last_plain = 0
@@ -1001,7 +1030,8 @@ class BudgetController:
 
     @property
     def choice(self) -> int:
-        """The budget currently preferred (what runs outside probes and plain-step refreshes)."""
+        """The budget currently preferred (what runs outside trials, lean steps one rung above it (design 17),
+        plain-step refreshes and catch-up skips)."""
         return self._choice
 
     # ------------------------------------------------------------------ the loop's three calls
@@ -1025,14 +1055,17 @@ class BudgetController:
         else:
             self._choose()
             budget, self._reason = self._choice, "choice"
-            lean = self._lean()
+            lean = None if self._plain_due() else self._lean()
+            if lean is not None and not all(self._worth_catching_up(k, catch_up, expected)
+                                            for k in (budget, lean) if k == budget or k in self._rates):
+                lean = None  # the choice's own catch-up test decides below (designs 6, 14)
             if self._plain_due():
                 budget, self._reason = 1, "plain-measure"
             elif lean is not None:
                 budget, self._reason = lean, "lean"
-                if not self._worth_catching_up(budget, catch_up, expected):
-                    budget, self._reason = 1, "catch-up-skip"
-                    self._catch_up_skips += 1
+                # an untrusted rung is explored: its losses count against the exploration share (design 8)
+                self._lean_reference = None if lean in self._rates else self._rates[self._choice]
+                self._next_trial = max(self._next_trial, self._step + self._interval)  # the lean is the probe
             else:
                 if (self._step >= self._next_trial or self._predicted_win()) and budget < self.candidates[-1]:
                     blocked = self._trial_blocked(catch_up, expected)
@@ -1138,6 +1171,8 @@ class BudgetController:
             lost = seconds - (len(record.accepted) + 1) / self._trial_reference
             self._lost_seconds += lost
             self._trial_loss += lost - self._catch_up_seconds(self._catch_up_tokens)
+        elif self._reason == "lean" and self._lean_reference:  # an untrusted rung's step, likewise (design 17)
+            self._lost_seconds += seconds - (len(record.accepted) + 1) / self._lean_reference
         self._previous_plain = forwards == 0
         self._catch_up_tokens = 0
         self._sequence_tokens += len(record.accepted) + 1
@@ -1498,10 +1533,11 @@ class BudgetController:
 
     def _lean_rung(self, choice: int) -> int:
         """The candidate a drafted choice leans to (design 17): the next one above it, and at least
-        ``initial_budget`` (from N = 5 the next rung, 6, adds a draft forward for one node and loses on text
-        where 8 wins: it would stop a climb)."""
-        above = [k for k in self.candidates if k > choice]
-        return next((k for k in above if k >= self.settings.initial_budget), above[-1])
+        min(``initial_budget``, :data:`LEAN_FLOOR`) (from N = 5 the next rung, 6, adds a draft forward for one
+        node and loses on text where 8 wins: it would stop a climb)."""
+        above = [k for k in self.candidates if k > choice]  # callers never pass the largest candidate
+        floor = min(self.settings.initial_budget, LEAN_FLOOR)
+        return next((k for k in above if k >= floor), above[-1])
 
     def _plain_due(self) -> bool:
         """A plain step that measures verify(1) is due: while it has fewer than ``min_steps`` measured samples
