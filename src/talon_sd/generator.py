@@ -329,7 +329,8 @@ class SpeculativeGenerator:
 
     @property
     def learned_budget(self) -> dict[tuple[str, str, bool], int]:
-        """(method, drafter, sampled) -> the budget the last auto-budget call of that kind settled on."""
+        """(method, drafter, sampled) -> the budget the last auto-budget call of that kind settled on (its
+        controller's choice; most steps may run the rung above it, :mod:`talon_sd.control` design 17)."""
         with self._lock:
             return {key: controller.choice for key, controller in self._learned.items()}
 
