@@ -287,14 +287,12 @@ def test_onednn_packed_float32_models_decode_exactly(tmp_path, monkeypatch):
 
 def test_auto_cpu_kernels_pack_only_where_one_row_is_not_slower(tmp_path, monkeypatch):
     """cpu_kernels='auto' measures one row through the model's largest linear both ways and packs only when
-    the packed path is clearly faster, by lm.PACKED_MARGIN (plain decoding is the floor speculation must not lower)."""
+    the packed path is at least as fast (plain decoding is the floor speculation must not lower)."""
     from talon_sd import lm
 
     model = tiny_model("qwen2", seed=5).cpu()
     assert lm.choose_cpu_kernels(model, measure=lambda m: (0.0020, 0.0010)) == "packed"
     assert lm.choose_cpu_kernels(model, measure=lambda m: (0.0010, 0.0012)) == "default"
-    assert lm.choose_cpu_kernels(model, measure=lambda m: (0.0010, 0.0009)) == "default"  # a near-tie: not clearly faster
-    assert lm.choose_cpu_kernels(model, measure=lambda m: (0.00278, 0.00193)) == "packed"  # the EPYC's measured pair
     assert lm.choose_cpu_kernels(model, measure=lambda m: None) == "default"
     measured = lm.one_row_linear_seconds(model, repeats=3)  # the real measurement: two positive medians
     assert measured is not None and all(seconds > 0 for seconds in measured)

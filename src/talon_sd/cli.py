@@ -26,8 +26,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if present)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--cpu-kernels", default="auto", choices=CPU_KERNELS,
-                        help="float32 linears on CPU: packed (oneDNN), default (torch's own) or auto (packed where "
-                             "it serves one row clearly faster on this CPU, by 15%%, measured at load)")
+                        help="float32 linears on CPU: packed (oneDNN), default (torch's own) or auto (whichever "
+                             "serves one row faster on this CPU, measured at load)")
 
 
 def add_tree_arguments(parser: argparse.ArgumentParser) -> None:

@@ -315,11 +315,8 @@ def one_row_linear_seconds(model, repeats: int = 15) -> tuple[float, float] | No
     return statistics.median(samples["default"]), statistics.median(samples["packed"])
 
 
-PACKED_MARGIN = 0.85  # cpu_kernels="auto" packs only when one packed row takes at most this share of torch's
-
-
 def choose_cpu_kernels(model, measure=None) -> str:
-    """``"packed"`` when oneDNN-packed float32 linears serve one row clearly faster than torch's own kernel on
+    """``"packed"`` when oneDNN-packed float32 linears serve one row at least as fast as torch's own kernel on
     this CPU, else ``"default"`` (also for models with nothing to pack: bfloat16, CUDA).
 
     Why measured and why one row: the better path depends on the CPU. On the project's AMD EPYC hosts
@@ -330,16 +327,12 @@ def choose_cpu_kernels(model, measure=None) -> str:
     make speculation's "never slower than plain decoding" a comparison against a slowed plain decoding. The
     draft LM gets the same rule on purpose: where packing loses one row (the Xeon: 114 vs 88 ms) it wins only
     from 4 rows on (154 vs 178 ms), and the trees chosen on such a CPU are mostly 1-2 rows wide per forward.
-    Packing must win clearly, by :data:`PACKED_MARGIN`: the one-linear timing stands for a whole step only
-    roughly, and on the Xeon, where packed one-row linears read 1.16x torch's, one load of two chose packed
-    and made its plain decoding 21% slower (3.22 against 4.07 tok/s, docs/BENCHMARKS.md section 5); where
-    packing pays it wins by far more (the EPYC: 1.93 against 2.78 ms, 0.69x).
     ``measure`` (default :func:`one_row_linear_seconds`) returns ``(default_seconds, packed_seconds)`` or None."""
     seconds = (measure or one_row_linear_seconds)(model)
     if seconds is None:
         return "default"
     default_seconds, packed_seconds = seconds
-    return "packed" if packed_seconds <= PACKED_MARGIN * default_seconds else "default"
+    return "packed" if packed_seconds <= default_seconds else "default"
 
 
 def apply_cpu_kernels(model, cpu_kernels: str) -> None:
