@@ -579,8 +579,9 @@ class ControllerSettings:
     predict_trials          from plain decoding, postpone a trial while the target's confidence on the last
                             ``confidence_window`` tokens says the probe cannot win (design 12)
     confidence_window       committed tokens whose confidence the prediction replays
-    lean_margin             a drafted choice runs the next candidate above it (at least initial_budget) while that
-                            one's rate is within this share of the choice's or not yet trusted (design 17; 0: never)
+    lean_margin             a drafted choice runs the next candidate above it (at least min(initial_budget,
+                            LEAN_FLOOR)) while that one's rate is within this share of the choice's or not yet
+                            trusted (design 17; 0: never)
     """
 
     max_budget: int = 64
@@ -1058,11 +1059,13 @@ class BudgetController:
         else:
             self._choose()
             budget, self._reason = self._choice, "choice"
-            lean = None if self._plain_due() else self._lean()
-            if lean is not None and not all(self._worth_catching_up(k, catch_up, expected)
-                                            for k in (budget, lean) if k == budget or k in self._rates):
-                lean = None  # the choice's own catch-up test decides below (designs 6, 14)
-            if self._plain_due():
+            plain_due = self._plain_due()
+            lean = None if plain_due else self._lean()
+            # a lean needs the choice and the rung to pass the catch-up test (an untrusted rung passes it: no rate);
+            # otherwise the choice's own test decides below (designs 6, 14)
+            if lean is not None and not all(self._worth_catching_up(k, catch_up, expected) for k in (budget, lean)):
+                lean = None
+            if plain_due:
                 budget, self._reason = 1, "plain-measure"
             elif lean is not None:
                 budget, self._reason = lean, "lean"
@@ -1574,14 +1577,15 @@ class BudgetController:
         settings, choice = self.settings, self._choice
         above = [k for k in self.candidates if k > choice]
         # from a tiny choice (2-3), twice the choice says nothing of the larger budgets left behind
-        base = settings.plain_probe_budget if choice == 1 else max(settings.probe_factor * choice,
-                                                                   settings.initial_budget)
-        # from plain decoding each lost trial probes twice as far, then starts over (design 3a); from a
-        # drafted choice always the next rungs up to base (design 10)
-        target = base * 2 ** (self._probe_level if choice == 1 else 0)
-        top = next((k for k in above if k >= target), above[-1])
         if choice > 1 and settings.lean_margin > 0:  # design 17: from a drafted choice, the lean rung
             top = self._lean_rung(choice)
+        else:
+            base = settings.plain_probe_budget if choice == 1 else max(settings.probe_factor * choice,
+                                                                       settings.initial_budget)
+            # from plain decoding each lost trial probes twice as far, then starts over (design 3a); from a
+            # drafted choice always the next rungs up to base (design 10)
+            target = base * 2 ** (self._probe_level if choice == 1 else 0)
+            top = next((k for k in above if k >= target), above[-1])
         reference = self._rates.get(choice)
         probe = next((k for k in reversed(above) if k <= top and not self._dominated(k, reference)), None)
         if probe is None:
