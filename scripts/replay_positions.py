@@ -1,0 +1,233 @@
+"""Replay the online controller on the real pair's recorded trees: issue 11's bar without the timing noise.
+
+Reads the per-position trees of ``scripts/record_positions.py`` (the real draft LM's TALON trees at every
+position of the target's greedy answers) and runs, request after request in the sweep's order, (a) the
+online controller (:class:`talon_sd.control.BudgetController`, carried from request to request as the
+generator does, after the bench's 8-token warm-up) and (b) every fixed budget of ``--fixed``. A step of budget
+k at position t is the first k nodes of the tree recorded at t (the prefix property); it accepts the longest
+path that spells the answer from t, exactly what greedy verification accepts, and costs the Intel Xeon bf16
+curves of ``scripts/controller_scenarios.py`` (verify by tree size, draft by forward width, 4 ms of other
+work a step, 0.8 ms a token of draft catch-up, the target's prefill by prompt length) with ``--noise`` relative jitter per measured time. Acceptance
+is the real pair's, positions and all; only the clock is modelled. Prints, per dataset, auto over the best
+fixed budget of ``--bar`` (the sweep's columns) and of every fixed budget, medians over ``--seeds`` noise
+seeds, and auto's reasons.
+
+    python scripts/replay_positions.py positions.jsonl [--seeds 8]
+
+Budgets above the recorded tree size are cut to it (the controller's ``max_budget`` is the recorded size).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import random
+import statistics
+import sys
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
+
+from controller_scenarios import INTEL_BF16_MS  # noqa: E402
+from test_control import measured_curve  # noqa: E402
+
+from talon_sd.control import BudgetController, ControllerSettings, StepRecord  # noqa: E402
+
+OTHER_SECONDS = 0.004  # tree building, cache commit, bookkeeping per step (sweep 13: seconds_build / steps)
+CATCH_UP_SECONDS = 0.0008  # draft LM seconds per token forwarded beside the root (prompt, plain steps' tokens)
+
+
+def prefill_seconds(prompt_tokens: int) -> float:
+    """The target's prefill of a request (sweep 13's seconds_prefill: 0.24 s at 36 tokens, 1.9 s at 918)."""
+    return 0.2 + 0.0017 * prompt_tokens
+
+
+@dataclass
+class Turn:
+    """One recorded prompt turn: the answer, the target's confidence before each token, a tree per position."""
+
+    index: int
+    dataset: str
+    prompt_tokens: int
+    answer: list[int]
+    confidence: list[float]
+    positions: list[dict]
+    children: list[dict] = field(default_factory=list)  # per position: (parent, token) -> inclusion position
+
+    def __post_init__(self) -> None:
+        self.children = [{(parent, token): place for place, (parent, token) in
+                          enumerate(zip(p["parents"], p["tokens"])) if parent >= 0} for p in self.positions]
+
+
+@dataclass
+class Clock:
+    verify: object
+    draft: object
+    noise: float
+    draws: random.Random
+
+    def measured(self, seconds: float) -> float:
+        return max(0.0, seconds * (1 + self.noise * self.draws.gauss(0, 1)))
+
+
+def replay_step(turn: Turn, start: int, budget: int, pending: int, clock: Clock, tokens_left: int) -> StepRecord:
+    """The step of ``budget`` nodes at answer position ``start`` (``pending`` tokens wait in the drafter)."""
+    if budget == 1:
+        return StepRecord(node_log_p=(0.0,), node_parent=(-1,), accepted=(), forward_widths=(),
+                          prefix_after_forward=(), draft_seconds=(), verify_seconds=clock.measured(clock.verify(1)),
+                          other_seconds=clock.measured(OTHER_SECONDS), budget=1, complete=False,
+                          confidence=(turn.confidence[start],))
+    tree = turn.positions[start]
+    size = min(budget, len(tree["tokens"]))
+    forwards = [j for j in range(len(tree["widths"])) if j == 0 or tree["prefix"][j - 1] < budget]
+    prefix = [min(tree["prefix"][j], size) for j in forwards]
+    accepted, node = [], 0
+    while start + len(accepted) < len(turn.answer):
+        child = turn.children[start].get((node, turn.answer[start + len(accepted)]))
+        if child is None or child >= size:
+            break
+        accepted.append(child)
+        node = child
+    accepted = accepted[:max(tokens_left - 1, 0)]
+    draft_seconds = [clock.measured(clock.draft(tree["widths"][j])) for j in forwards]
+    draft_seconds[0] += CATCH_UP_SECONDS * (pending - 1)
+    return StepRecord(node_log_p=tuple(tree["log_p"][:size]), node_parent=tuple(tree["parents"][:size]),
+                      accepted=tuple(accepted), forward_widths=tuple(tree["widths"][j] for j in forwards),
+                      prefix_after_forward=tuple(prefix), draft_seconds=tuple(draft_seconds),
+                      verify_seconds=clock.measured(clock.verify(size)), other_seconds=clock.measured(OTHER_SECONDS),
+                      budget=budget, complete=size < budget,
+                      confidence=tuple(turn.confidence[start:start + len(accepted) + 1]))
+
+
+def replay_turn(turn: Turn, policy: BudgetController | int, clock: Clock, max_new_tokens: int,
+                tokens: int | None = None) -> tuple[int, float, list[int], list[str]]:
+    """(tokens, seconds, budgets, reasons) of one request: a controller or a fixed budget."""
+    controller = policy if isinstance(policy, BudgetController) else None
+    length = len(turn.answer) if tokens is None else min(tokens, len(turn.answer))
+    position, pending, seconds, budgets, reasons = 0, turn.prompt_tokens, prefill_seconds(turn.prompt_tokens), [], []
+    while position < length:
+        if controller is not None:
+            budget = controller.next_budget(pending - 1, max_new_tokens - position)
+            reasons.append(controller.reason)
+        else:
+            budget = policy
+        record = replay_step(turn, position, budget, pending, clock, length - position)
+        if controller is not None:
+            controller.observe(record)
+        committed = len(record.accepted) + 1
+        position += committed
+        pending = 1 if record.forward_widths else pending + committed
+        seconds += sum(record.draft_seconds) + record.verify_seconds + record.other_seconds
+        budgets.append(budget)
+    return length, seconds, budgets, reasons
+
+
+def load_turns(paths: list[pathlib.Path]) -> list[Turn]:
+    rows = {}
+    for path in paths:
+        for line in path.read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                rows[row["index"]] = row
+    return [Turn(index=r["index"], dataset=r["dataset"], prompt_tokens=r["prompt_tokens"], answer=r["answer"],
+                 confidence=r["confidence"], positions=r["positions"]) for _, r in sorted(rows.items())]
+
+
+def replay(turns: list[Turn], seed: int, fixed: list[int], noise: float, max_new_tokens: int,
+           settings: ControllerSettings) -> tuple[dict, Counter]:
+    """Per dataset and policy ('auto' and each fixed budget): [tokens, seconds]; auto's reasons."""
+    verify, draft = measured_curve(INTEL_BF16_MS["target"]), measured_curve(INTEL_BF16_MS["draft"])
+    totals: dict = defaultdict(lambda: defaultdict(lambda: [0, 0.0]))
+    reasons: Counter = Counter()
+    controller = BudgetController(settings)
+    clock = Clock(verify, draft, noise, random.Random(f"warm-up {seed}"))
+    replay_turn(turns[0], controller, clock, max_new_tokens, tokens=8)  # the bench's warm-up
+    for turn in turns:
+        controller = controller.for_next_sequence()
+        for policy in [controller] + fixed:
+            clock = Clock(verify, draft, noise, random.Random(f"{seed} {turn.index} {policy if isinstance(policy, int) else 'auto'}"))
+            tokens, seconds, _, why = replay_turn(turn, policy, clock, max_new_tokens)
+            label = "auto" if isinstance(policy, BudgetController) else policy
+            for key in (turn.dataset, "all"):
+                totals[key][label][0] += tokens
+                totals[key][label][1] += seconds
+            reasons.update(why)
+    return totals, reasons
+
+
+def check(turns: list[Turn], checkpoint: pathlib.Path, max_new_tokens: int) -> None:
+    """Per dataset and fixed budget of the sweep: replayed / measured tokens per second, and how many requests whose
+    output equals plain decoding's took exactly the replayed number of steps."""
+    rows = [json.loads(line) for line in checkpoint.read_text().splitlines()[1:] if line.strip()]
+    measured = {(row["index"], row["stats"]["budgets"][0] if row["stats"].get("budgets") else None): row
+                for row in rows if "(N=" in row["label"] and "N=auto" not in row["label"]}
+    verify, draft = measured_curve(INTEL_BF16_MS["target"]), measured_curve(INTEL_BF16_MS["draft"])
+    table: dict = defaultdict(lambda: [0, 0.0, 0, 0.0, 0, 0])
+    for turn in turns:
+        for (index, budget), row in measured.items():
+            if index != turn.index:
+                continue
+            tokens, seconds, budgets, _ = replay_turn(turn, budget, Clock(verify, draft, 0.0, random.Random(0)),
+                                                      max_new_tokens)
+            cell = table[(turn.dataset, budget)]
+            cell[0] += tokens
+            cell[1] += seconds
+            cell[2] += len(row["token_ids"])
+            cell[3] += row["seconds"]
+            if row["identical_to_ar"]:
+                cell[4] += 1
+                cell[5] += len(budgets) == row["stats"]["target_forwards"]
+    print("replay check: dataset N replayed/measured tok/s, requests with the measured step count / identical to ar")
+    for (dataset, budget), (tokens, seconds, real_tokens, real_seconds, identical, same) in sorted(table.items()):
+        print(f"  {dataset:10} {budget:3} {tokens / seconds / (real_tokens / real_seconds):.3f}  {same}/{identical}")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("positions", type=pathlib.Path, nargs="+")
+    parser.add_argument("--seeds", type=int, default=8)
+    parser.add_argument("--noise", type=float, default=0.03)
+    parser.add_argument("--fixed", default="4,6,8,10,12,16,20,24,32")
+    parser.add_argument("--bar", default="8,16,24", help="the sweep's fixed columns: auto is scored against their best")
+    parser.add_argument("--initial-budget", type=int, default=16)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--check", type=pathlib.Path, default=None, metavar="CHECKPOINT",
+                        help="the sweep checkpoint the trees were recorded from: compare each fixed budget's steps and "
+                             "tokens/s (noise-free replay) with what the sweep measured")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="a ControllerSettings field for this replay (e.g. lean_margin=0.05); repeatable")
+    args = parser.parse_args(argv)
+    turns = load_turns(args.positions)
+    recorded = max(len(p["tokens"]) for t in turns for p in t.positions)
+    fixed = [int(k) for k in args.fixed.split(",")]
+    bar = [int(k) for k in args.bar.split(",")]
+    if args.check is not None:
+        check(turns, args.check, args.max_new_tokens)
+    overrides = {name: json.loads(value) for name, value in (item.split("=", 1) for item in args.set)}
+    settings = ControllerSettings(max_budget=recorded, initial_budget=args.initial_budget, **overrides)
+    ratios, rates, reasons = defaultdict(list), defaultdict(lambda: defaultdict(list)), Counter()
+    for seed in range(args.seeds):
+        totals, why = replay(turns, seed, fixed, args.noise, args.max_new_tokens, settings)
+        reasons.update(why)
+        for dataset, by_policy in totals.items():
+            rate = {label: tokens / seconds for label, (tokens, seconds) in by_policy.items()}
+            for label, value in rate.items():
+                rates[dataset][label].append(value)
+            ratios[dataset].append((rate["auto"] / max(rate[k] for k in bar),
+                                    rate["auto"] / max(rate[k] for k in fixed)))
+    print(f"{len(turns)} turns, trees of {recorded} nodes, {args.seeds} seeds, noise {args.noise}")
+    print(f"{'dataset':10} {'auto/best bar':>14} {'auto/best any':>14}  median tok/s: auto | " + " ".join(map(str, fixed)))
+    for dataset, pairs in ratios.items():
+        med = lambda xs: statistics.median(xs)  # noqa: E731
+        row = " ".join(f"{med(rates[dataset][k]):.2f}" for k in fixed)
+        print(f"{dataset:10} {med([p[0] for p in pairs]):14.3f} {med([p[1] for p in pairs]):14.3f}  "
+              f"{med(rates[dataset]['auto']):.2f} | {row}")
+    print("auto's reasons:", dict(reasons.most_common()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
