@@ -857,6 +857,33 @@ def test_a_small_drafted_choice_probes_the_next_rungs_and_climbs_back():
     assert sorted(ratios)[len(ratios) // 2] >= 0.96, ratios  # 0.95 when lost trials probed twice as far
 
 
+def test_a_choice_below_the_initial_budget_leans_to_twice_itself():
+    # Design 18: below the initial budget a drafted choice leans to at least lean_reach (2) x itself, up to the
+    # initial budget (from 8 to 16, from 4 to 8), so the budgets a noisy stretch left are measured paired beside
+    # it; at and above the initial budget, and with lean_reach = 1, the lean rung is the next candidate (design 17).
+    verify = measured_curve(CPU_FACTS_MS["bf16"])
+    poor = World(verify=verify, draft=lambda width: 0.3 * verify(width), other=0.005, agree=0.5, confidence=(0.2, 0.6))
+    better = World(verify=poor.verify, draft=poor.draft, other=0.005, agree=0.85, confidence=(0.4, 0.95))
+    for reach in (2.0, 1.0):
+        settings = ControllerSettings(initial_budget=16, lean_reach=reach)
+        leans = []
+        for seed in range(6):
+            controller = BudgetController(settings)
+            for world, steps, offset in ((poor, 40, 0), (better, 60, 100)):
+                run = simulate(world, steps, controller, seed=offset + seed)
+                leans += [(c, b) for c, b, r in zip(run.choices, run.budgets, run.reasons) if r == "lean"]
+                controller = controller.for_next_sequence()
+        for choice, budget in leans:
+            above = [k for k in controller.candidates if k > choice]
+            assert budget == next(k for k in above if k >= min(16, max(8, reach * choice))), (reach, choice, budget)
+        below = [(c, b) for c, b in leans if 4 <= c < 16]
+        assert below, leans
+        if reach == 2.0:
+            assert all(b >= min(2 * c, 16) for c, b in below), below
+        else:
+            assert any(b < min(2 * c, 16) for c, b in below), below
+
+
 def test_trials_that_lost_are_postponed_where_the_rest_of_a_short_request_cannot_afford_them():
     # Float32 costs and temperature-1-like chat acceptance: plain decoding wins and every probe loses. After
     # two 64-token requests, 16-token answers (QA) follow: a 2-step trial of 8-16 nodes would cost a fifth

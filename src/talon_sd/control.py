@@ -325,7 +325,7 @@ CHILD_PRIOR_SHARE = 0.7  # prior: an accepted, expanded node has one of its draf
 REASONS = {
     "choice": "the current choice; no trial due and no lean (or the choice is the largest candidate)",
     "trial": "a step of a trial of a larger budget (design 3)",
-    "lean": "the candidate one rung above the choice, within lean_margin of it or not yet trusted (design 17)",
+    "lean": "the lean rung above the choice, within lean_margin of it or not yet trusted (designs 17, 18)",
     "plain-measure": "a plain step measuring verify(1): first samples, then every plain_refresh_interval (design 13)",
     "catch-up-skip": "the drafted choice run as a plain step: its catch-up would not pay (designs 6, 14)",
     "trial-untrusted": "a trial was due but the choice has no trusted rate yet",
@@ -582,6 +582,8 @@ class ControllerSettings:
     lean_margin             a drafted choice runs the next candidate above it (at least min(initial_budget,
                             LEAN_FLOOR)) while that one's rate is within this share of the choice's or not yet
                             trusted (design 17; 0: never)
+    lean_reach              ... and, below initial_budget, at least this many times the choice, up to
+                            initial_budget (design 18; 1: the next rung)
     """
 
     max_budget: int = 64
@@ -613,6 +615,7 @@ class ControllerSettings:
     predict_trials: bool = True
     confidence_window: int = 16
     lean_margin: float = 0.03
+    lean_reach: float = 2.0
 
     def __post_init__(self) -> None:
         for name in ("allow_plain", "early_stop", "predict_trials"):
@@ -646,6 +649,7 @@ class ControllerSettings:
                       lambda x: x >= 0, infinite_ok=True)
         _check_number("probe_factor", self.probe_factor, "a number > 1", lambda x: x > 1)
         _check_number("dominance_margin", self.dominance_margin, "a number in [0, 1)", lambda x: 0 <= x < 1)
+        _check_number("lean_reach", self.lean_reach, "a number >= 1 (1: the next rung)", lambda x: x >= 1)
         _check_number("lean_margin", self.lean_margin, "a number in [0, 1) (0: never lean)", lambda x: 0 <= x < 1)
         _check_number("calibration_decay", self.calibration_decay, "a number in (0, 1]", lambda x: 0 < x <= 1)
         _check_number("calibration_prior_strength", self.calibration_prior_strength, "a number > 0",
@@ -1540,9 +1544,11 @@ class BudgetController:
     def _lean_rung(self, choice: int) -> int:
         """The candidate a drafted choice leans to (design 17): the next one above it, and at least
         min(``initial_budget``, :data:`LEAN_FLOOR`) (from N = 5 the next rung, 6, adds a draft forward for one
-        node and loses on text where 8 wins: it would stop a climb)."""
+        node and loses on text where 8 wins: it would stop a climb); below ``initial_budget``, at least
+        ``lean_reach`` x the choice, up to ``initial_budget`` (design 18: from 8, 16; from 4, 8)."""
         above = [k for k in self.candidates if k > choice]  # callers never pass the largest candidate
-        floor = min(self.settings.initial_budget, LEAN_FLOOR)
+        initial = self.settings.initial_budget  # design 18: below it, at least lean_reach x the choice
+        floor = min(initial, max(LEAN_FLOOR, self.settings.lean_reach * choice))
         return next((k for k in above if k >= floor), above[-1])
 
     def _plain_due(self) -> bool:
