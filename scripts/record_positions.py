@@ -32,6 +32,8 @@ from talon_sd.bench.datasets import load_prompts
 from talon_sd.bench.runner import prompt_ids, text_of
 from talon_sd.builders import StepPlan, make_builder
 from talon_sd.config import TreeConfig
+from talon_sd.drafters.model import ModelDrafter
+from talon_sd.lm import CausalLM
 from talon_sd.verify import Acceptance
 
 
@@ -53,7 +55,7 @@ def target_confidences(generator: SpeculativeGenerator, ids: torch.Tensor, answe
 def record_turn(generator: SpeculativeGenerator, config: TreeConfig, ids: torch.Tensor, answer: list[int]) -> list[dict]:
     """The tree of ``config.budget`` nodes at every position of ``answer`` (inclusion order, root first)."""
     builder = make_builder(config)
-    drafter = generator._drafter(config, "model")
+    drafter = ModelDrafter(CausalLM(generator.draft_model, role="draft"), target_vocab_size=generator.target.vocab_size)
     drafter.start(ids)
     positions = []
     root = int(ids[-1])

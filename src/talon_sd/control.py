@@ -290,6 +290,28 @@ Design ("Improvement" marks where this goes past the obvious recipe)
    worlds: a longer memory (half-life and window 64: code 0.967, chat 0.956-0.964), a hysteresis of 1-4% on every
    change of choice, a margin of 2%, 5% or 8%, 3-step trials: all within the seeds' noise of about 1-2%.
 
+18. Below the initial budget, lean twice as far (:meth:`BudgetController._lean_rung`). A drafted choice c below
+   ``initial_budget`` leans to the first candidate >= min(``initial_budget``, max(:data:`LEAN_FLOOR`, ``lean_reach`` x c))
+   (``lean_reach`` 2: from 8 to 16, from 10 or 12 to 16, from 4 to 8) instead of the next rung; at and above the initial
+   budget the lean is design 17's. Steps inform only the budgets at or below their own (the prefix property), so a
+   choice that fell on a noisy stretch no longer measures the budgets it left: on the real pair's recorded trees
+   (``scripts/replay_positions.py``, exact acceptance at every position of sweep 13's answers) the first mt_bench
+   answer of a fresh controller fell 16 -> 8 -> 4 within 11 steps, on chained estimates of 12 and 16 from their
+   first 3 samples, and ran 50 steps at N = 4 (6.12 tok/s against 6.90 for a fixed N = 16); the next rung above 8
+   (10) says nothing of 16, and 16's rate, once trusted on 3 samples, was never measured again. The estimates
+   themselves are nearly unbiased there: a fixed N = 32 run's steps predict every smaller budget's rate within
+   2-4% of that budget's own run on mt_bench, so the loss is sampling noise and the one-way flow of information,
+   not a biased estimator. Measured in that replay (35 prompt turns, 32 timing-noise seeds, auto over the best of
+   the sweep's fixed N = 8 / 16 / 24 per dataset, mean): mt_bench 0.972 -> 0.983, qa 0.969 -> 0.980, humaneval
+   0.995 -> 0.997, alpaca 0.990 -> 0.985, gsm8k 0.981 -> 0.978, sum 0.975 -> 0.969, all 0.983 -> 0.986: a gain where
+   the choice falls below 16 (chat), level within the seeds' noise (~0.5%) elsewhere. ``scripts/controller_scenarios.py``
+   is unchanged at the default ``initial_budget`` of 8 and level with 16 (real-pair-like code 0.958 -> 0.957, chat
+   0.956 -> 0.957, median of 8 seeds). Tried in the same replay and within that noise: a lean margin of 5%, a carried
+   weight of 4, min_steps 4, a half-life of 48; not adopted: leaning to twice the choice above the initial budget too
+   (code would lean to 48-64 nodes: -1.7% on code in the synthetic worlds), the largest budget a one-standard-error
+   bound on the paired ratio does not rule out (mt_bench +1.5%, qa -7%: chat's per-step variance keeps 32-node trees
+   in reach), and moving the choice down only on such evidence (chat ratchets up to 32 and carries it into qa).
+
 Not modelled: keep_growing looks one layer ahead;
 a step stopped early by keep_growing is taken to be what every larger budget would have built (true
 up to keep_growing's own dependence on the budget).
