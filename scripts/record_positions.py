@@ -32,6 +32,7 @@ from talon_sd.bench.datasets import load_prompts
 from talon_sd.bench.runner import prompt_ids, text_of
 from talon_sd.builders import StepPlan, make_builder
 from talon_sd.config import TreeConfig
+from talon_sd.decoding import Forwards, step_record
 from talon_sd.drafters.model import ModelDrafter
 from talon_sd.lm import CausalLM
 from talon_sd.verify import Acceptance
@@ -60,30 +61,30 @@ def record_turn(generator: SpeculativeGenerator, config: TreeConfig, ids: torch.
     positions = []
     root = int(ids[-1])
     for token in answer:
-        widths, sizes, seconds = [], [], []
+        forwards = Forwards()
 
         def expand(tree, nodes):
             started = time.perf_counter()
             log_p_draft = drafter.expand(tree, nodes)  # [F, V]
-            seconds.append(time.perf_counter() - started)
-            widths.append(int(nodes.numel()))
-            sizes.append(tree.size)
+            forwards.seconds_each.append(time.perf_counter() - started)
+            forwards.widths.append(int(nodes.numel()))
+            forwards.sizes_before.append(tree.size)
             return log_p_draft
 
         drafter.begin_step(root)
         tree = builder.build(root, expand, generator.target.device, StepPlan(budget=config.budget))
-        order = builder.inclusion_order(tree)
-        place = {node: index for index, node in enumerate(order)}
-        parents, tokens, scores = tree.parents.tolist(), tree.tokens.tolist(), tree.scores.tolist()
+        acceptance = Acceptance(path=[0], tokens=[], bonus_token=int(token))  # commit one token
+        record = step_record(builder, tree, acceptance, forwards, None, 0.0, 0.0)  # the loop's own view of the tree
+        tokens = tree.tokens.tolist()
         positions.append({
-            "tokens": [tokens[node] for node in order],
-            "parents": [place[parents[node]] if parents[node] >= 0 else -1 for node in order],
-            "log_p": [round(scores[node], 5) for node in order],
-            "widths": widths,
-            "prefix": sizes[1:] + [tree.size],
-            "draft_seconds": [round(s, 5) for s in seconds],
+            "tokens": [tokens[node] for node in builder.inclusion_order(tree)],
+            "parents": list(record.node_parent),
+            "log_p": [round(score, 5) for score in record.node_log_p],
+            "widths": list(record.forward_widths),
+            "prefix": list(record.prefix_after_forward),
+            "draft_seconds": [round(s, 5) for s in record.draft_seconds],
         })
-        drafter.accept(tree, Acceptance(path=[0], tokens=[], bonus_token=int(token)))  # commit one token
+        drafter.accept(tree, acceptance)
         root = int(token)
     return positions
 

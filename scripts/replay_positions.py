@@ -77,6 +77,12 @@ class Clock:
         return max(0.0, seconds * (1 + self.noise * self.draws.gauss(0, 1)))
 
 
+def intel_bf16_clock(noise: float, seed: str | int) -> Clock:
+    """The Xeon's measured bf16 verify and draft curves, with ``noise`` relative jitter drawn from ``seed``."""
+    return Clock(measured_curve(INTEL_BF16_MS["target"]), measured_curve(INTEL_BF16_MS["draft"]), noise,
+                 random.Random(seed))
+
+
 def replay_step(turn: Turn, start: int, budget: int, pending: int, clock: Clock, tokens_left: int) -> StepRecord:
     """The step of ``budget`` nodes at answer position ``start`` (``pending`` tokens wait in the drafter)."""
     if budget == 1:
@@ -145,18 +151,16 @@ def load_turns(paths: list[pathlib.Path]) -> list[Turn]:
 def replay(turns: list[Turn], seed: int, fixed: list[int], noise: float, max_new_tokens: int,
            settings: ControllerSettings) -> tuple[dict, Counter]:
     """Per dataset and policy ('auto' and each fixed budget): [tokens, seconds]; auto's reasons."""
-    verify, draft = measured_curve(INTEL_BF16_MS["target"]), measured_curve(INTEL_BF16_MS["draft"])
     totals: dict = defaultdict(lambda: defaultdict(lambda: [0, 0.0]))
     reasons: Counter = Counter()
     controller = BudgetController(settings)
-    clock = Clock(verify, draft, noise, random.Random(f"warm-up {seed}"))
-    replay_turn(turns[0], controller, clock, max_new_tokens, tokens=8)  # the bench's warm-up
+    replay_turn(turns[0], controller, intel_bf16_clock(noise, f"warm-up {seed}"), max_new_tokens, tokens=8)  # warm-up
     for turn in turns:
         controller = controller.for_next_sequence()
         for policy in [controller] + fixed:
-            clock = Clock(verify, draft, noise, random.Random(f"{seed} {turn.index} {policy if isinstance(policy, int) else 'auto'}"))
-            tokens, seconds, _, why = replay_turn(turn, policy, clock, max_new_tokens)
             label = "auto" if isinstance(policy, BudgetController) else policy
+            tokens, seconds, _, why = replay_turn(turn, policy, intel_bf16_clock(noise, f"{seed} {turn.index} {label}"),
+                                                  max_new_tokens)
             for key in (turn.dataset, "all"):
                 totals[key][label][0] += tokens
                 totals[key][label][1] += seconds
@@ -170,14 +174,12 @@ def check(turns: list[Turn], checkpoint: pathlib.Path, max_new_tokens: int) -> N
     rows = [json.loads(line) for line in checkpoint.read_text().splitlines()[1:] if line.strip()]
     measured = {(row["index"], row["stats"]["budgets"][0] if row["stats"].get("budgets") else None): row
                 for row in rows if "(N=" in row["label"] and "N=auto" not in row["label"]}
-    verify, draft = measured_curve(INTEL_BF16_MS["target"]), measured_curve(INTEL_BF16_MS["draft"])
     table: dict = defaultdict(lambda: [0, 0.0, 0, 0.0, 0, 0])
     for turn in turns:
         for (index, budget), row in measured.items():
             if index != turn.index:
                 continue
-            tokens, seconds, budgets, _ = replay_turn(turn, budget, Clock(verify, draft, 0.0, random.Random(0)),
-                                                      max_new_tokens)
+            tokens, seconds, budgets, _ = replay_turn(turn, budget, intel_bf16_clock(0.0, 0), max_new_tokens)
             cell = table[(turn.dataset, budget)]
             cell[0] += tokens
             cell[1] += seconds
