@@ -8,7 +8,7 @@ a fixed N = 8, and the steps by the controller's reason (:data:`talon_sd.control
 behind the "tried and not adopted" notes of docs/BENCHMARKS.md section 5: change the controller, rerun,
 compare.
 
-    python scripts/controller_scenarios.py [--seeds 16]
+    python scripts/controller_scenarios.py [--seeds 16] [--set anchor_z=0]
 
 Scenarios: float32 (verifying T tokens costs about T one-token steps) and bf16 (nearly flat) costs of this
 CPU, code / mid / chat acceptance, six 64-token requests with 120-token prompts (the first request, where a
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import pathlib
 import random
 import statistics
@@ -67,7 +68,8 @@ def stretches(kind: str, seed: int, catch_up: float = 0.002):
     return at
 
 
-def real_pair_sequence(seeds: int, count: int = 5, tokens: int = 128, prompt: int = 120):
+def real_pair_sequence(seeds: int, settings: ControllerSettings, count: int = 5, tokens: int = 128,
+                       prompt: int = 120):
     """Per block (code, then chat, one controller carried through as in ``talon sweep``): auto over the best
     budget held fixed through the block (the issue's bar), and auto over N = 16."""
     out = {kind: ([], [], Counter()) for kind in REAL_PAIR}
@@ -76,7 +78,7 @@ def real_pair_sequence(seeds: int, count: int = 5, tokens: int = 128, prompt: in
         for kind in REAL_PAIR:
             runs, fixed = [], {k: [] for k in (8, 12, 16, 20, 24, 32)}
             for request in range(count):
-                controller = (BudgetController(ControllerSettings()) if controller is None
+                controller = (BudgetController(settings) if controller is None
                               else controller.for_next_sequence())
                 run_seed = 1000 * seed + 10 * request + (kind == "code")
                 runs.append(simulate(stretches(kind, run_seed), None, controller, seed=run_seed, prompt=prompt,
@@ -107,11 +109,11 @@ def ratio(runs, plains) -> float:
         sum(sum(p.tokens) for p in plains) / sum(sum(p.seconds) for p in plains))
 
 
-def requests(text: World, seeds: int, count: int = 6, prompt: int = 120, tokens: int = 64, fixed_budget: int = 8):
+def requests(text: World, seeds: int, settings: ControllerSettings, count: int = 6, prompt: int = 120, tokens: int = 64, fixed_budget: int = 8):
     """Per seed: auto / plain and N = fixed_budget / plain over requests 2..count, and the auto runs' reasons."""
     autos, fixed, reasons = [], [], Counter()
     for seed in range(seeds):
-        controller = BudgetController(ControllerSettings())
+        controller = BudgetController(settings)
         runs, plains, fixed_runs = [], [], []
         for request in range(count):
             run_seed = 100 * seed + request
@@ -127,7 +129,7 @@ def requests(text: World, seeds: int, count: int = 6, prompt: int = 120, tokens:
     return autos, fixed, reasons
 
 
-def chat_then_code(seeds: int, prompt: int = 60, catch_up: float = 0.005):
+def chat_then_code(seeds: int, settings: ControllerSettings, prompt: int = 60, catch_up: float = 0.005):
     chat = world("fp32", catch_up, agree=0.8, confidence=(0.3, 0.9))
     code = world("fp32", catch_up, agree=0.98, confidence=(0.85, 0.999))
     out = {"chat": ([], Counter()), "code": ([], Counter())}
@@ -136,7 +138,7 @@ def chat_then_code(seeds: int, prompt: int = 60, catch_up: float = 0.005):
         for block, text, count in (("chat", chat, 6), ("code", code, 4)):
             runs, plains = [], []
             for request in range(count):
-                controller = (BudgetController(ControllerSettings()) if controller is None
+                controller = (BudgetController(settings) if controller is None
                               else controller.for_next_sequence())
                 run_seed = 100 * seed + 10 * request + (block == "code")
                 runs.append(simulate(text, None, controller, seed=run_seed, prompt=prompt, tokens=64))
@@ -146,11 +148,11 @@ def chat_then_code(seeds: int, prompt: int = 60, catch_up: float = 0.005):
     return out
 
 
-def short_answers(seeds: int):
+def short_answers(seeds: int, settings: ControllerSettings):
     chat = world("fp32", 0.005, report_confidence=False, agree=0.65, confidence=(0.25, 0.8))
     autos, reasons = [], Counter()
     for seed in range(seeds):
-        controller = BudgetController(ControllerSettings())
+        controller = BudgetController(settings)
         for request in range(2):
             simulate(chat, None, controller, seed=100 * seed + request, prompt=50, tokens=64)
             controller = controller.for_next_sequence()
@@ -175,7 +177,11 @@ def line(name: str, autos: list[float], reasons: Counter, fixed: list[float] | N
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=16)
-    seeds = parser.parse_args().seeds
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="a ControllerSettings field for every scenario (e.g. anchor_z=0); repeatable")
+    args = parser.parse_args()
+    seeds = args.seeds
+    settings = ControllerSettings(**{name: json.loads(value) for name, value in (item.split("=", 1) for item in args.set)})
     print("| scenario | auto / plain min | median | mean | max | N=8 / plain median | steps by reason (top 4) |")
     print("|---|---|---|---|---|---|---|")
     worlds = {
@@ -186,30 +192,30 @@ def main() -> None:
         "bf16 chat": world("bf16", 0.002, agree=0.8, confidence=(0.3, 0.9)),
     }
     for name, text in worlds.items():
-        autos, fixed, reasons = requests(text, seeds)
+        autos, fixed, reasons = requests(text, seeds, settings)
         print(line(name, autos, reasons, fixed))
     # humaneval in float32 on the real pair: a 200-token prompt whose draft-LM catch-up exceeds 5% of a
     # 64-token answer's plain seconds (docs/BENCHMARKS.md section 5, reading 11)
     for name, text in (("fp32 code, 200-token prompt", worlds["fp32 code"]),
                        ("fp32 chat, 200-token prompt", worlds["fp32 chat"])):
-        autos, fixed, reasons = requests(dataclasses.replace(text, catch_up=0.008), seeds, prompt=200)
+        autos, fixed, reasons = requests(dataclasses.replace(text, catch_up=0.008), seeds, settings, prompt=200)
         print(line(name, autos, reasons, fixed))
-    for block, (autos, reasons) in chat_then_code(max(seeds * 3 // 4, 1)).items():
+    for block, (autos, reasons) in chat_then_code(max(seeds * 3 // 4, 1), settings).items():
         print(line(f"fp32 chat -> code: {block}", autos, reasons))
-    for block, (autos, reasons) in chat_then_code(max(seeds * 3 // 4, 1), prompt=200, catch_up=0.008).items():
+    for block, (autos, reasons) in chat_then_code(max(seeds * 3 // 4, 1), settings, prompt=200, catch_up=0.008).items():
         print(line(f"fp32 chat -> code, 200-token prompts: {block}", autos, reasons))
-    autos, reasons = short_answers(max(seeds * 3 // 4, 1))
+    autos, reasons = short_answers(max(seeds * 3 // 4, 1), settings)
     print(line("fp32 16-token QA after chat", autos, reasons))
     # float32 on the Intel Xeon (AMX), 128-token requests: only the 2-node tree is cheap to verify (design 16);
     # "T = 1-like" acceptance is lower agreement; the fixed column is N = 2 here
     for name, text in (("Intel fp32 code, T = 1-like (fixed: N = 2)", world("intel-fp32", 0.004, agree=0.9, confidence=(0.6, 0.99))),
                        ("Intel fp32 chat, T = 1-like (fixed: N = 2)", world("intel-fp32", 0.004, agree=0.7, confidence=(0.3, 0.9))),
                        ("Intel fp32 code, greedy-like (fixed: N = 2)", world("intel-fp32", 0.004, **CODE))):
-        autos, fixed, reasons = requests(text, seeds, tokens=128, fixed_budget=2)
+        autos, fixed, reasons = requests(text, seeds, settings, tokens=128, fixed_budget=2)
         print(line(name, autos, reasons, fixed))
     # bf16 on the Intel Xeon with real-pair-like acceptance: here the columns are auto / the best fixed N of the
     # block (min, median, mean, max over seeds) and auto / N = 16 (median): issue 11's bar is >= 0.97 per dataset
-    for kind, (autos, sixteen, reasons) in real_pair_sequence(max(seeds // 2, 1)).items():
+    for kind, (autos, sixteen, reasons) in real_pair_sequence(max(seeds // 2, 1), settings).items():
         print(line(f"Intel bf16 real-pair-like {kind} (auto / best fixed N; fixed: auto / N = 16)", autos, reasons,
                    sixteen))
 

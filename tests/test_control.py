@@ -415,7 +415,8 @@ def test_a_trial_its_own_text_predicts_to_win_may_pay_more_catch_up():
             controller = controller.for_next_sequence()
         ratios.append((tokens / seconds) / (plain_tokens / plain_seconds))
     assert trials > 0, ratios  # 12 trial steps in 2 of 8 seeds
-    assert min(ratios) >= 0.97 and max(ratios) >= 1.05, ratios  # 0.982 and 1.082
+    # 0.968 and 1.085 (design 19: seed 0's third request started drafting 7 steps later than before, 0.982)
+    assert min(ratios) >= 0.96 and max(ratios) >= 1.05, ratios
     assert sum(ratios) / len(ratios) >= 1.0, ratios
 
 
@@ -882,6 +883,24 @@ def test_a_choice_below_the_initial_budget_leans_to_twice_itself():
             assert all(b >= min(2 * c, 16) for c, b in below), below
         else:
             assert any(b < min(2 * c, 16) for c, b in below), below
+
+
+def test_a_candidate_replaces_the_anchor_only_on_paired_evidence():
+    # Design 19: a drafted candidate other than initial_budget (the anchor, 8 here) is chosen only while its paired rate
+    # beats the anchor's by more than anchor_z (1) standard errors, or by more than ANCHOR_GAP. Chain steps of 16 nodes
+    # that accept all 15 drafts or 2: in 3 of 10 (noise), 16 reads 3.7% faster than 8 at 0.3 standard errors, and the
+    # anchor stays (design 18, anchor_z = 0, took 16); in 8 of 10, 16 is 30% faster at 4.3 standard errors: both take it.
+    noisy, clear = [15, 2, 2, 15, 2, 2, 2, 15, 2, 2], [15, 15, 2, 15, 15, 15, 15, 2, 15, 15]
+    for pattern, z, expected in ((noisy, 1.0, 8), (noisy, 0.0, 16), (clear, 1.0, 16), (clear, 0.0, 16)):
+        controller = BudgetController(ControllerSettings(initial_budget=8, max_budget=16, allow_plain=False, anchor_z=z))
+        for accepted in pattern:
+            controller.next_budget()
+            controller.observe(chain_record(16, accepted))
+        controller.next_budget()
+        assert controller.choice == expected, (pattern, z, controller.rates())
+        assert controller.rates()[16] > controller.rates()[8]
+    with pytest.raises(TalonError, match="anchor_z"):
+        ControllerSettings(anchor_z=-1)
 
 
 def test_trials_that_lost_are_postponed_where_the_rest_of_a_short_request_cannot_afford_them():

@@ -312,6 +312,27 @@ Design ("Improvement" marks where this goes past the obvious recipe)
    bound on the paired ratio does not rule out (mt_bench +1.5%, qa -7%: chat's per-step variance keeps 32-node trees
    in reach), and moving the choice down only on such evidence (chat ratchets up to 32 and carries it into qa).
 
+19. The initial budget is an anchor left only on evidence (:meth:`BudgetController._admitted`). A drafted candidate
+   other than ``initial_budget`` (the product's default, 16, or a tuned profile's N) may be chosen only while its rate
+   beats the anchor's by more than :data:`ANCHOR_GAP` (10%) or its paired rate, on the steps that inform both, beats
+   the anchor's by more than ``anchor_z`` (1) standard errors (:meth:`BudgetController._paired_z`, the delta method
+   on the two ratios of sums); plain decoding is always admitted (its rate comes from the costs), and while the
+   anchor is untrusted every candidate is. Where the rate is flat around the anchor (bf16 on the Intel Xeon: every
+   fixed N from 12 to 32 within 3% of the best per dataset) the estimates move the choice on noise: a 3-sample
+   stretch took mt_bench from 16 to 8, a lucky one took sum to 32 for a request, and each such move costs 3-5% of a
+   request. An anchor cannot do worse than the anchor's own rate by more than about one standard error of the
+   difference while it holds, and where the anchor is wrong by a wide margin (float32: 16 nodes verify at 2-3x one
+   token) the gap admits the better budgets at once. Measured on the recorded trees of sweep 13
+   (``scripts/replay_positions.py --seeds 32``, auto over the best of N = 8 / 16 / 24, mean and worst seed;
+   design 18 -> 19): mt_bench 0.983 / 0.949 -> 0.983 / 0.959, alpaca 0.985 / 0.881 -> 0.986 / 0.927, gsm8k 0.978 /
+   0.945 -> 0.993 / 0.945, humaneval 0.997 / 0.932 -> 0.991 / 0.962, sum 0.969 / 0.932 -> 0.983 / 0.945, qa 0.980 /
+   0.931 -> 0.999 / 0.967, all 0.986 / 0.970 -> 0.991 / 0.975. ``scripts/controller_scenarios.py --set
+   initial_budget=16`` (the product's anchor): level within 1% in median on every float32 and bf16 scenario, the
+   real-pair-like chat block 0.957 -> 0.968 (worst seed 0.912 -> 0.930). Tried: anchor_z 2 or 3 (replay all 0.995,
+   but float32 code 1.103 -> 1.080 of plain: the anchor holds a wrong budget too long), no gap (Intel float32 code
+   mean 1.183 -> 1.158), a gap of 5% (replay level); keeping the current choice (not the initial budget) until a
+   candidate beats it by z standard errors: qa 0.980 -> 0.941, the carried choice of the dataset before held.
+
 Not modelled: keep_growing looks one layer ahead;
 a step stopped early by keep_growing is taken to be what every larger budget would have built (true
 up to keep_growing's own dependence on the budget).
@@ -341,6 +362,7 @@ PREDICTED_WIN = 1.1  # from plain, a probe predicted this much faster starts a t
 OWN_CONFIDENCES = 4  # a large catch-up waits for this many of the sequence's own confidences (design 14)
 CATCH_UP_MARGIN = 2.0  # ... when the carried rate pays it back less than this many times over (design 14)
 FOLLOW_PRIOR_SHARE = 0.5  # prior: a tree catches this share of what the draft's top-1 misses (design 12)
+ANCHOR_GAP = 0.1  # a candidate whose rate beats the anchor's by this share needs no paired test (design 19)
 LEAN_FLOOR = 8  # a drafted choice below this leans to the first candidate >= it (or initial_budget if less; design 17)
 CHILD_PRIOR_SHARE = 0.7  # prior: an accepted, expanded node has one of its drafted children accepted 70% of the time
 # why a step got its budget (:attr:`BudgetController.reason`, recorded per step in the decoding stats)
@@ -606,6 +628,9 @@ class ControllerSettings:
                             trusted (design 17; 0: never)
     lean_reach              ... and, below initial_budget, at least this many times the choice, up to
                             initial_budget (design 18; 1: the next rung)
+    anchor_z                a drafted candidate other than initial_budget may be chosen only while its paired rate
+                            beats initial_budget's by more than this many standard errors on the steps that
+                            inform both (design 19; 0: any trusted candidate, as in design 18)
     """
 
     max_budget: int = 64
@@ -638,6 +663,7 @@ class ControllerSettings:
     confidence_window: int = 16
     lean_margin: float = 0.03
     lean_reach: float = 2.0
+    anchor_z: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("allow_plain", "early_stop", "predict_trials"):
@@ -672,6 +698,7 @@ class ControllerSettings:
         _check_number("probe_factor", self.probe_factor, "a number > 1", lambda x: x > 1)
         _check_number("dominance_margin", self.dominance_margin, "a number in [0, 1)", lambda x: 0 <= x < 1)
         _check_number("lean_reach", self.lean_reach, "a number >= 1 (1: the next rung)", lambda x: x >= 1)
+        _check_number("anchor_z", self.anchor_z, "a number >= 0 (0: no anchor)", lambda x: x >= 0)
         _check_number("lean_margin", self.lean_margin, "a number in [0, 1) (0: never lean)", lambda x: 0 <= x < 1)
         _check_number("calibration_decay", self.calibration_decay, "a number in (0, 1]", lambda x: 0 < x <= 1)
         _check_number("calibration_prior_strength", self.calibration_prior_strength, "a number > 0",
@@ -1533,18 +1560,59 @@ class BudgetController:
         return rates
 
     def _choose(self) -> None:
-        """Update the current choice: the best trusted candidate; an untrusted choice (the initial
-        budget) stays until even its optimistic rate loses clearly."""
+        """Update the current choice: the best trusted candidate among those the anchor admits (design 19); an
+        untrusted choice (the initial budget) stays until even its optimistic rate loses clearly."""
         rates = self._rates = self._estimate_rates()
         if not rates:
             return
-        best = max(rates, key=lambda k: (rates[k], -k))
-        current = rates.get(self._choice)
+        eligible = {k: rate for k, rate in rates.items() if self._admitted(k)}
+        best = max(eligible, key=lambda k: (eligible[k], -k))
+        current = eligible.get(self._choice)
         if current is not None:
-            if rates[best] > current:  # a tie keeps the current choice
+            if eligible[best] > current:  # a tie keeps the current choice
                 self._choice = best
-        elif self._dominated(self._choice, rates[best]):
-            self._choice = best
+        elif self._choice in rates or self._dominated(self._choice, eligible[best]):
+            self._choice = best  # a trusted choice the anchor no longer admits, or a dominated untrusted one
+
+    def _admitted(self, budget: int) -> bool:
+        """Design 19: plain decoding, the anchor (``initial_budget``) and every candidate while the anchor is
+        untrusted are admitted; another drafted candidate only while its rate beats the anchor's by more than
+        :data:`ANCHOR_GAP`, or its paired rate beats the anchor's by more than ``anchor_z`` standard errors
+        (:meth:`_paired_z`)."""
+        anchor, z = self.settings.initial_budget, self.settings.anchor_z
+        if z <= 0 or budget in (1, anchor) or anchor == 1 or anchor not in self._rates:
+            return True
+        if self._rates.get(budget, 0.0) > (1.0 + ANCHOR_GAP) * self._rates[anchor]:
+            return True  # a gap this large is not the noise the anchor guards against (a wrong anchor: float32)
+        return self._paired_z(budget, anchor) > z
+
+    def _paired_z(self, budget: int, other: int) -> float:
+        """How many standard errors ``budget``'s rate beats ``other``'s by, on the samples that inform both (those of
+        the larger): rates are weighted ratios of sums, R = sum w t / sum w s, and the difference's variance is the
+        delta method's, sum over samples of (w (u_budget - u_other)) ** 2 with u = (t - R s) / sum w s."""
+        index, other_index = self._index_of[budget], self._index_of[other]
+        rows = []
+        tokens = seconds = other_tokens = other_seconds = 0.0
+        verify, overhead, version = self._verify_table, self._overhead_table, self._version
+        for sample in self._samples[max(index, other_index)]:
+            if sample.stamp != version:
+                self._prepare(sample)
+            weight, draft = sample.weight, sample.cumulative_draft
+            row = [weight]
+            for at in (index, other_index):
+                committed, size, forwards = sample.outcomes[at]
+                row += [committed, overhead[forwards] + draft[forwards] + verify[size]]
+            rows.append(row)
+            tokens, seconds = tokens + weight * row[1], seconds + weight * row[2]
+            other_tokens, other_seconds = other_tokens + weight * row[3], other_seconds + weight * row[4]
+        if len(rows) < 2 or seconds <= 0 or other_seconds <= 0:
+            return 0.0
+        rate, other_rate = tokens / seconds, other_tokens / other_seconds
+        variance = sum((w * ((t - rate * s) / seconds - (t_other - other_rate * s_other) / other_seconds)) ** 2
+                       for w, t, s, t_other, s_other in rows)
+        if variance <= 0:
+            return math.inf if rate > other_rate else 0.0
+        return (rate - other_rate) / math.sqrt(variance)
 
     def _lean(self) -> int | None:
         """Design 17: the candidate one rung above a drafted choice, to run instead of it, or None. It runs while
