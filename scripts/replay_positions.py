@@ -12,7 +12,7 @@ is the real pair's, positions and all; only the clock is modelled. Prints, per d
 fixed budget of ``--bar`` (the sweep's columns; median, mean and worst over ``--seeds`` noise seeds) and of every
 fixed budget (median), and auto's reasons.
 
-    python scripts/replay_positions.py docs/bench/online-sweep13/positions.jsonl.gz [--seeds 8] [--set lean_reach=1]
+    python scripts/replay_positions.py docs/bench/online-sweep13/positions.jsonl.gz [--seeds 8] [--set lean_reach=1] [--hindsight]
 
 (``docs/bench/online-sweep13/positions.jsonl.gz``: the 35 prompt turns of sweep 13, trees of 32 nodes, bf16 on the
 Intel Xeon; recorded in 70 minutes.)
@@ -168,6 +168,46 @@ def replay(turns: list[Turn], seed: int, fixed: list[int], noise: float, max_new
     return totals, reasons
 
 
+def hindsight(turns: list[Turn], fixed: list[int]) -> None:
+    """What a budget chosen with hindsight could gain over the best fixed N (noise-free clock): per request, and by
+    a two-context rule (``lo`` or ``hi`` nodes by the last step's committed tokens or the target's confidence)."""
+    clock = intel_bf16_clock(0.0, 0)
+
+    def run(turn: Turn, rule) -> tuple[int, float]:
+        position, pending, seconds, committed = 0, turn.prompt_tokens, prefill_seconds(turn.prompt_tokens), 0
+        while position < len(turn.answer):
+            record = replay_step(turn, position, rule(committed, turn.confidence[position]), pending, clock,
+                                 len(turn.answer) - position)
+            committed = len(record.accepted) + 1
+            position, pending = position + committed, 1 if record.forward_widths else pending + committed
+            seconds += sum(record.draft_seconds) + record.verify_seconds + record.other_seconds
+        return len(turn.answer), seconds
+
+    rules = {f"N={k}": (lambda k: lambda last, confidence: k)(k) for k in fixed}
+    for low in (4, 8, 12, 16):
+        for high in (k for k in (16, 24, 32) if k > low):
+            for least in (2, 3, 4, 6):
+                rules[f"{low}/{high} by last >= {least}"] = (lambda lo, hi, t: lambda last, c: hi if last >= t else lo)(
+                    low, high, least)
+            for least in (0.5, 0.7, 0.9):
+                rules[f"{low}/{high} by confidence >= {least}"] = (
+                    lambda lo, hi, t: lambda last, c: hi if c >= t else lo)(low, high, least)
+    totals: dict = defaultdict(lambda: defaultdict(lambda: [0, 0.0]))
+    for turn in turns:
+        per_request = {name: run(turn, rule) for name, rule in rules.items()}
+        best = min((v for k, v in per_request.items() if k.startswith("N=")), key=lambda v: v[1])
+        for key in (turn.dataset, "all"):
+            for name, (tokens, seconds) in list(per_request.items()) + [("per-request best N", best)]:
+                totals[key][name][0] += tokens
+                totals[key][name][1] += seconds
+    print("hindsight: over the best fixed N of the dataset, per-request best N / the best two-context rule")
+    for dataset, by_rule in totals.items():
+        rate = {name: tokens / seconds for name, (tokens, seconds) in by_rule.items()}
+        best_fixed = max(rate[f"N={k}"] for k in fixed)
+        rule = max((k for k in rate if " by " in k), key=rate.get)
+        print(f"  {dataset:10} {rate['per-request best N'] / best_fixed:.3f}  {rate[rule] / best_fixed:.3f} ({rule})")
+
+
 def check(turns: list[Turn], checkpoint: pathlib.Path, max_new_tokens: int) -> None:
     """Per dataset and fixed budget of the sweep: replayed / measured tokens per second, and how many requests whose
     output equals plain decoding's took exactly the replayed number of steps."""
@@ -205,6 +245,9 @@ def main(argv=None) -> int:
     parser.add_argument("--check", type=pathlib.Path, default=None, metavar="CHECKPOINT",
                         help="the sweep checkpoint the trees were recorded from: compare each fixed budget's steps and "
                              "tokens/s (noise-free replay) with what the sweep measured")
+    parser.add_argument("--hindsight", action="store_true",
+                        help="also print what budgets chosen with hindsight (per request, or by a two-context rule) "
+                             "gain over the best fixed N")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="a ControllerSettings field for this replay (e.g. lean_margin=0.05); repeatable")
     args = parser.parse_args(argv)
@@ -214,6 +257,8 @@ def main(argv=None) -> int:
     bar = [int(k) for k in args.bar.split(",")]
     if args.check is not None:
         check(turns, args.check, args.max_new_tokens)
+    if args.hindsight:
+        hindsight(turns, fixed)
     overrides = {name: json.loads(value) for name, value in (item.split("=", 1) for item in args.set)}
     settings = ControllerSettings(max_budget=recorded, initial_budget=args.initial_budget, **overrides)
     ratios, rates, reasons = defaultdict(list), defaultdict(lambda: defaultdict(list)), Counter()
