@@ -1593,7 +1593,10 @@ class BudgetController:
     def _paired_z(self, budget: int, other: int) -> float:
         """How many standard errors ``budget``'s rate beats ``other``'s by, on the samples that inform both (those of
         the larger): rates are weighted ratios of sums, R = sum w t / sum w s, and the difference's variance is the
-        delta method's, sum over samples of (w (u_budget - u_other)) ** 2 with u = (t - R s) / sum w s."""
+        delta method's with the weights as counts of steps, sum over samples of w (u_budget - u_other) ** 2 with
+        u = (t - R s) / sum w s: aged samples and carried ones (capped at ``carried_weight`` steps, design 7) are
+        that much less evidence. (With w squared instead, a uniform scale cancels: 32 carried samples capped at 8
+        steps' worth still admitted the last dataset's 32 nodes for a whole sum request, sweep 15.)"""
         index, other_index = self._index_of[budget], self._index_of[other]
         rows = []
         tokens = seconds = other_tokens = other_seconds = 0.0
@@ -1612,7 +1615,7 @@ class BudgetController:
         if len(rows) < 2 or seconds <= 0 or other_seconds <= 0:
             return 0.0
         rate, other_rate = tokens / seconds, other_tokens / other_seconds
-        variance = sum((w * ((t - rate * s) / seconds - (t_other - other_rate * s_other) / other_seconds)) ** 2
+        variance = sum(w * ((t - rate * s) / seconds - (t_other - other_rate * s_other) / other_seconds) ** 2
                        for w, t, s, t_other, s_other in rows)
         if variance <= 0:
             return math.inf if rate > other_rate else 0.0
