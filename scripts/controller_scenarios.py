@@ -109,7 +109,8 @@ def ratio(runs, plains) -> float:
         sum(sum(p.tokens) for p in plains) / sum(sum(p.seconds) for p in plains))
 
 
-def requests(text: World, seeds: int, settings: ControllerSettings, count: int = 6, prompt: int = 120, tokens: int = 64, fixed_budget: int = 8):
+def requests(text: World, seeds: int, settings: ControllerSettings, count: int = 6, prompt: int = 120,
+             tokens: int = 64, fixed_budget: int = 8):
     """Per seed: auto / plain and N = fixed_budget / plain over requests 2..count, and the auto runs' reasons."""
     autos, fixed, reasons = [], [], Counter()
     for seed in range(seeds):
@@ -181,7 +182,8 @@ def main() -> None:
                         help="a ControllerSettings field for every scenario (e.g. anchor_z=0); repeatable")
     args = parser.parse_args()
     seeds = args.seeds
-    settings = ControllerSettings(**{name: json.loads(value) for name, value in (item.split("=", 1) for item in args.set)})
+    settings = ControllerSettings(**{name: json.loads(value)
+                                     for name, value in (item.split("=", 1) for item in args.set)})
     print("| scenario | auto / plain min | median | mean | max | N=8 / plain median | steps by reason (top 4) |")
     print("|---|---|---|---|---|---|---|")
     worlds = {
@@ -202,7 +204,8 @@ def main() -> None:
         print(line(name, autos, reasons, fixed))
     for block, (autos, reasons) in chat_then_code(max(seeds * 3 // 4, 1), settings).items():
         print(line(f"fp32 chat -> code: {block}", autos, reasons))
-    for block, (autos, reasons) in chat_then_code(max(seeds * 3 // 4, 1), settings, prompt=200, catch_up=0.008).items():
+    for block, (autos, reasons) in chat_then_code(max(seeds * 3 // 4, 1), settings, prompt=200,
+                                                  catch_up=0.008).items():
         print(line(f"fp32 chat -> code, 200-token prompts: {block}", autos, reasons))
     autos, reasons = short_answers(max(seeds * 3 // 4, 1), settings)
     print(line("fp32 16-token QA after chat", autos, reasons))

@@ -31,6 +31,7 @@ import statistics
 import sys
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from typing import Callable
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
@@ -112,16 +113,20 @@ def replay_step(turn: Turn, start: int, budget: int, pending: int, clock: Clock,
                       confidence=tuple(turn.confidence[start:start + len(accepted) + 1]))
 
 
-def replay_turn(turn: Turn, policy: BudgetController | int, clock: Clock, max_new_tokens: int,
-                tokens: int | None = None) -> tuple[int, float, list[int], list[str]]:
-    """(tokens, seconds, budgets, reasons) of one request: a controller or a fixed budget."""
+def replay_turn(turn: Turn, policy: BudgetController | int | Callable[[int, float], int], clock: Clock,
+                max_new_tokens: int, tokens: int | None = None) -> tuple[int, float, list[int], list[str]]:
+    """(tokens, seconds, budgets, reasons) of one request: a controller, a fixed budget, or a rule giving each step's
+    budget from the last step's committed tokens (0 before the first) and the target's confidence there."""
     controller = policy if isinstance(policy, BudgetController) else None
     length = len(turn.answer) if tokens is None else min(tokens, len(turn.answer))
     position, pending, seconds, budgets, reasons = 0, turn.prompt_tokens, prefill_seconds(turn.prompt_tokens), [], []
+    committed = 0
     while position < length:
         if controller is not None:
             budget = controller.next_budget(pending - 1, max_new_tokens - position)
             reasons.append(controller.reason)
+        elif callable(policy):
+            budget = policy(committed, turn.confidence[position])
         else:
             budget = policy
         record = replay_step(turn, position, budget, pending, clock, length - position)
@@ -168,22 +173,11 @@ def replay(turns: list[Turn], seed: int, fixed: list[int], noise: float, max_new
     return totals, reasons
 
 
-def hindsight(turns: list[Turn], fixed: list[int]) -> None:
+def hindsight(turns: list[Turn], fixed: list[int], max_new_tokens: int) -> None:
     """What a budget chosen with hindsight could gain over the best fixed N (noise-free clock): per request, and by
     a two-context rule (``lo`` or ``hi`` nodes by the last step's committed tokens or the target's confidence)."""
     clock = intel_bf16_clock(0.0, 0)
-
-    def run(turn: Turn, rule) -> tuple[int, float]:
-        position, pending, seconds, committed = 0, turn.prompt_tokens, prefill_seconds(turn.prompt_tokens), 0
-        while position < len(turn.answer):
-            record = replay_step(turn, position, rule(committed, turn.confidence[position]), pending, clock,
-                                 len(turn.answer) - position)
-            committed = len(record.accepted) + 1
-            position, pending = position + committed, 1 if record.forward_widths else pending + committed
-            seconds += sum(record.draft_seconds) + record.verify_seconds + record.other_seconds
-        return len(turn.answer), seconds
-
-    rules = {f"N={k}": (lambda k: lambda last, confidence: k)(k) for k in fixed}
+    rules: dict = {f"N={k}": k for k in fixed}
     for low in (4, 8, 12, 16):
         for high in (k for k in (16, 24, 32) if k > low):
             for least in (2, 3, 4, 6):
@@ -194,7 +188,7 @@ def hindsight(turns: list[Turn], fixed: list[int]) -> None:
                     lambda lo, hi, t: lambda last, c: hi if c >= t else lo)(low, high, least)
     totals: dict = defaultdict(lambda: defaultdict(lambda: [0, 0.0]))
     for turn in turns:
-        per_request = {name: run(turn, rule) for name, rule in rules.items()}
+        per_request = {name: replay_turn(turn, rule, clock, max_new_tokens)[:2] for name, rule in rules.items()}
         best = min((v for k, v in per_request.items() if k.startswith("N=")), key=lambda v: v[1])
         for key in (turn.dataset, "all"):
             for name, (tokens, seconds) in list(per_request.items()) + [("per-request best N", best)]:
@@ -258,7 +252,7 @@ def main(argv=None) -> int:
     if args.check is not None:
         check(turns, args.check, args.max_new_tokens)
     if args.hindsight:
-        hindsight(turns, fixed)
+        hindsight(turns, fixed, args.max_new_tokens)
     overrides = {name: json.loads(value) for name, value in (item.split("=", 1) for item in args.set)}
     settings = ControllerSettings(max_budget=recorded, initial_budget=args.initial_budget, **overrides)
     ratios, rates, reasons = defaultdict(list), defaultdict(lambda: defaultdict(list)), Counter()

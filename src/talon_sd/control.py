@@ -1588,7 +1588,10 @@ class BudgetController:
         anchor, z = self.settings.initial_budget, self.settings.anchor_z
         if z <= 0 or budget in (1, anchor) or anchor == 1 or anchor not in self._rates:
             return True
-        if budget < anchor and self._rates.get(budget, 0.0) > (1.0 + ANCHOR_GAP) * self._rates[anchor]:
+        rate, anchor_rate = self._rates.get(budget, 0.0), self._rates[anchor]
+        if rate < anchor_rate:
+            return True  # slower than the (always admitted) anchor, never chosen: no paired test needed
+        if budget < anchor and rate > (1.0 + ANCHOR_GAP) * anchor_rate:
             return True  # every step at the anchor measures it: a wrong anchor (float32: 16 nodes verify dear)
         return self._paired_z(budget, anchor) > z
 
