@@ -571,3 +571,53 @@ def test_methods_on_different_drafters_in_one_run(monkeypatch, tmp_path):
     for bad in ("hf@eagle3", "ar@ngram", "talon@medusa"):
         with pytest.raises(TalonError, match=f"methods: got '{bad}'"):
             parse_methods(bad)
+
+
+def test_repeats_keep_each_variants_median_run_and_start_every_round_from_the_same_controller(
+        use_generator, generator, monkeypatch, tmp_path):
+    from talon_sd.bench import runner
+
+    starts: dict[tuple[int, str], list] = {}  # (prompt turn, label) -> the controller memory each run started from
+    ran = runner.run_variant
+
+    ends: dict[tuple[int, str], list] = {}  # ... and (seconds, the controller it left) after each run
+
+    def watched(generator_, variant, ids, decoding, seed):
+        starts.setdefault((len(ids), variant.label), []).append(generator_.controller_memory())
+        outcome = ran(generator_, variant, ids, decoding, seed)
+        ends.setdefault((len(ids), variant.label), []).append((outcome.seconds, generator_.controller_memory()))
+        return outcome
+
+    monkeypatch.setattr(runner, "run_variant", watched)
+    out = tmp_path / "sweep-repeats"
+    argv = ["sweep", "--datasets", "gsm8k,qa", "--limit", "1", "--max-new-tokens", "16", "--budgets", "auto,4",
+            "--methods", "talon", "--threads", "1", "--warmup-tokens", "0", "--no-progress", "--no-plots",
+            "--out", str(out)]
+    assert main(argv + ["--repeats", "3"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["settings"]["repeats"] == 3 and "ran 3 times per prompt turn" in (out / "report.md").read_text()
+    for sample in results["samples"]:
+        if sample["method"] == "ar":  # the reference runs once
+            assert sample["round_seconds"] is None
+        else:
+            rounds = sample["round_seconds"]
+            assert len(rounds) == 3 and sample["seconds"] == sorted(rounds)[1]
+            assert sample["identical_to_ar"] is True  # fp32 tiny models: every kept run is lossless
+    auto = "talon(N=auto,K=4,mu=0.03)"
+    auto_starts = [runs for (_, label), runs in starts.items() if label == auto]
+    assert len(auto_starts) == 2 and all(len(runs) == 3 for runs in auto_starts)
+    for runs in auto_starts:  # no round learns from an earlier round of the same prompt
+        assert all(run.keys() == runs[0].keys() and all(run[k] is runs[0][k] for k in run) for run in runs)
+    first, second = auto_starts
+    key = ("talon", "model", False)  # the second prompt starts from what the first one's kept run learned
+    first_ends = next(runs for (_, label), runs in ends.items() if label == auto)
+    assert second[0][key] is sorted(first_ends, key=lambda run: run[0])[1][1][key] is not first[0].get(key)
+
+    # the checkpoint keeps the rounds; a resume with another repeat count is refused before the models load
+    lines = [json.loads(line) for line in (out / "checkpoint.jsonl").read_text().splitlines()]
+    assert lines[0]["fingerprint"]["repeats"] == 3 and all(len(r.get("round_seconds") or [0] * 3) == 3 for r in lines[1:])
+    assert main(argv + ["--repeats", "2", "--resume"]) == 2
+    assert main(argv + ["--repeats", "3", "--resume"]) == 0
+    resumed = json.loads((out / "results.json").read_text())
+    assert [s["round_seconds"] for s in resumed["samples"]] == [s["round_seconds"] for s in results["samples"]]
+    assert main(argv + ["--repeats", "0", "--out", str(tmp_path / "zero")]) == 2

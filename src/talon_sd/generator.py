@@ -327,6 +327,19 @@ class SpeculativeGenerator:
                 with self._lock:
                     self._learned[key] = controller
 
+    def controller_memory(self) -> dict:
+        """A snapshot of what the next auto-budget calls start from (one carried controller per method,
+        drafter and sampling mode). Controllers are never changed once remembered (each call runs a copy,
+        :meth:`BudgetController.for_next_sequence`), so the snapshot stays valid whatever runs next."""
+        with self._lock:
+            return dict(self._learned)
+
+    def restore_controller_memory(self, memory: dict) -> None:
+        """Make ``memory`` (from :meth:`controller_memory`) what the next auto-budget calls start from:
+        e.g. a benchmark repeating one prompt, so that no repeat learns from an earlier one."""
+        with self._lock:
+            self._learned = dict(memory)
+
     @property
     def learned_budget(self) -> dict[tuple[str, str, bool], int]:
         """(method, drafter, sampled) -> the budget the last auto-budget call of that kind settled on (its

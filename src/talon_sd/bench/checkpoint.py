@@ -119,6 +119,7 @@ def record_to_json(record: SampleRecord) -> dict:
         "label": record.label, "method": record.method, "prompt_tokens": record.prompt_tokens, "seed": record.seed,
         "token_ids": record.outcome.token_ids, "seconds": record.outcome.seconds, "stats": stats,
         "text": record.text, "identical_to_ar": record.identical_to_ar,
+        **({"round_seconds": record.round_seconds} if record.round_seconds is not None else {}),
     }
 
 
@@ -134,4 +135,5 @@ def record_from_json(obj: dict) -> SampleRecord:
         index=int(obj["index"]), dataset=obj["dataset"], question_id=str(obj["question_id"]), turn=int(obj["turn"]),
         label=obj["label"], method=obj["method"], prompt_tokens=int(obj["prompt_tokens"]), seed=int(obj["seed"]),
         outcome=outcome, text=obj["text"], identical_to_ar=obj["identical_to_ar"],
+        round_seconds=[float(x) for x in obj["round_seconds"]] if obj.get("round_seconds") is not None else None,
     )

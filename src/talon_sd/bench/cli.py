@@ -116,6 +116,9 @@ def _add_run_arguments(parser: argparse.ArgumentParser, datasets: str, limit: in
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
     parser.add_argument("--seed", type=int, default=0, help="prompt turn i samples with seed + i (every method alike)")
     parser.add_argument("--warmup-tokens", type=int, default=8, help="untimed warm-up generation per method")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="timed runs of every variant but ar per prompt turn, each keeping its median run "
+                             "(the machine is noisy; default 1)")
     parser.add_argument("--out", default=None, help=f"output folder (default runs/{out}-<time>)")
     parser.add_argument("--resume", action="store_true",
                         help="continue the run in --out from its checkpoint.jsonl (same arguments): finished "
@@ -214,6 +217,8 @@ def _prompts_and_decoding(args: argparse.Namespace):
     _check_sampling(args)
     if args.warmup_tokens < 0:
         raise bad_argument("warmup-tokens", args.warmup_tokens, "an integer >= 0")
+    if args.repeats < 1:
+        raise bad_argument("repeats", args.repeats, "an integer >= 1")
     datasets_text = args.datasets if args.datasets is not None else ("" if args.data else args.default_datasets)
     datasets = parse_dataset_names(datasets_text)
     prompts = load_prompts(datasets, args.limit, args.data)
@@ -268,14 +273,14 @@ def _run_and_write(args, generator, prompts, variants, decoding: Decoding, check
     if resumed:
         print(f"talon: resuming {out_dir}: {resumed} of {planned} prompt turns already done", file=sys.stderr)
     records = run_bench(generator, prompts, variants, decoding, warmup_tokens=args.warmup_tokens,
-                        progress=not args.no_progress, description=kind, checkpoint=checkpoint)
+                        progress=not args.no_progress, description=kind, checkpoint=checkpoint, repeats=args.repeats)
     done = len({r.index for r in records})
     if not records:
         print("talon: interrupted before the first prompt finished; nothing written", file=sys.stderr)
         return 130
     settings = {
         "datasets": list(dict.fromkeys(p.dataset for p in prompts)), "data_files": list(args.data),
-        "limit": args.limit, "warmup_tokens": args.warmup_tokens, "target": _model_label(args.target, "target"),
+        "limit": args.limit, "warmup_tokens": args.warmup_tokens, "repeats": args.repeats, "target": _model_label(args.target, "target"),
         "draft": _model_label(args.draft, "draft"), "drafter": args.drafter, "requested_dtype": args.dtype,
         "complete": done == planned, "planned_samples": planned, "resumed_samples": resumed,
         "load_average_before": load_before,
@@ -309,6 +314,7 @@ def run_fingerprint(args: argparse.Namespace, kind: str, prompts, variants, deco
         "dtype": args.dtype, "device": args.device, "decoding": dataclasses.asdict(decoding),
         "variants": [v.describe() for v in variants],
         "prompts": hashlib.sha256(prompt_text.encode("utf-8")).hexdigest(),
+        **({"repeats": args.repeats} if args.repeats > 1 else {}),  # absent at 1: older checkpoints still resume
     }
 
 

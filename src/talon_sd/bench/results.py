@@ -18,8 +18,9 @@
         "order", "conversation_reference",
         "hf_generation": {...},         # the GenerationConfig fields of the hf methods
         "hf_assistant": {...} | null,   # the assistant settings hf-assisted ran with
-        # from the CLI: "datasets", "data_files", "limit", "warmup_tokens", "target", "draft", "drafter",
-        # "requested_dtype",
+        # from the CLI: "datasets", "data_files", "limit", "warmup_tokens", "repeats" (timed runs per prompt
+        # turn of every variant but ar, each keeping its median run: "round_seconds" in each sample), "target",
+        # "draft", "drafter", "requested_dtype",
         # "complete" (false when interrupted), "planned_samples", "resumed_samples" (prompt turns reloaded
         # from checkpoint.jsonl by --resume, timed by the earlier process), "load_average_before" (before the models
         # loaded), "profile" (the tuned profile file behind 'auto' variants, or null), "arguments" (every flag)
@@ -168,6 +169,7 @@ def sample_rows(records: Sequence[SampleRecord]) -> list[dict]:
         "method": r.method, "seed": r.seed, "prompt_tokens": r.prompt_tokens, "new_tokens": r.new_tokens,
         "seconds": round(r.outcome.seconds, 4), "tokens_per_s": round(r.tokens_per_second, 4),
         "identical_to_ar": r.identical_to_ar,
+        "round_seconds": None if r.round_seconds is None else [round(x, 4) for x in r.round_seconds],
         "stats": r.outcome.stats.to_dict() if r.outcome.stats is not None else None,
     } for r in records]
 

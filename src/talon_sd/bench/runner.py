@@ -10,6 +10,15 @@ packaged Qwen pair, or tiny test models with ``tokenizer=None`` and :class:`Prom
 * **Interleaving.** For each prompt turn (a *sample*) every variant runs once, before the next
   sample starts, so that machine drift (thermal, other load) hits every method alike; the order of
   the variants rotates by one at each sample, so that no method is always first after a switch.
+* **Repeats** (``repeats`` R > 1; the machine is noisy). Each sample runs R rounds, the variant order
+  rotated once more each round, and every variant but ``ar`` runs once per round; each variant keeps the
+  run with the median seconds (for an even R the slower of the two middle ones), its stats and tokens
+  with it, and ``round_seconds`` lists every round's seconds. ``ar`` runs once: it is the reference for
+  the conversation and for ``identical_to_ar`` and the slowest variant, and is kept out of the repeats
+  to keep their cost down. Online budget controllers start every run of a sample from what they had
+  learned before the sample (:meth:`~talon_sd.generator.SpeculativeGenerator.restore_controller_memory`),
+  so no round learns from an earlier round of the same prompt; the kept run's controller goes on to
+  the next sample.
 * **Warm-up.** Before any timing, each variant generates ``warmup_tokens`` tokens once for the
   first prompt (first-call allocations, lazy initialisation), untimed.
 * **Multi-turn prompts** (MT-Bench) are real conversations: turn k is sent after the user turns
@@ -54,6 +63,7 @@ class SampleRecord:
     outcome: Outcome
     text: str
     identical_to_ar: bool | None  # None in sampling mode or without an ar variant
+    round_seconds: list[float] | None = None  # every round's seconds when the sample ran more than once
 
     @property
     def new_tokens(self) -> int:
@@ -80,10 +90,18 @@ def count_samples(prompts: Sequence[Prompt]) -> int:
     return sum(prompt.num_turns for prompt in prompts)
 
 
+def runs_per_sample(variants: Sequence[Variant], repeats: int = 1) -> int:
+    """Timed generations per prompt turn: every variant once, and ``repeats`` times but ``ar``."""
+    repeated = sum(1 for variant in variants if variant.method != "ar")
+    return len(variants) + (repeats - 1) * repeated
+
+
 def run_bench(generator, prompts: Sequence[Prompt], variants: Sequence[Variant], decoding: Decoding,
               warmup_tokens: int = 8, progress: bool = True, description: str = "bench",
-              checkpoint=None) -> list[SampleRecord]:
+              checkpoint=None, repeats: int = 1) -> list[SampleRecord]:
     """Run every variant on every prompt turn (see the module contract)."""
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise TalonError(f"repeats: expected an integer >= 1, got {repeats!r}")
     labels = [variant.label for variant in variants]
     if len(set(labels)) != len(labels):
         raise ValueError(f"variant labels must be unique, got {labels}")
@@ -98,8 +116,8 @@ def run_bench(generator, prompts: Sequence[Prompt], variants: Sequence[Variant],
                 bar.set_postfix_str(variant.label)
                 run_variant(generator, variant, first_ids, warm, decoding.seed)
                 bar.update(1)
-    bar = _progress_bar(count_samples(prompts) * len(variants), description, progress,
-                        initial=len(variants) * len(done))
+    per_sample = runs_per_sample(variants, repeats)
+    bar = _progress_bar(count_samples(prompts) * per_sample, description, progress, initial=per_sample * len(done))
     records: list[SampleRecord] = []
     index = 0
     try:
@@ -111,7 +129,7 @@ def run_bench(generator, prompts: Sequence[Prompt], variants: Sequence[Variant],
                     turn_records = done[index]
                 else:
                     sample = Sample(index=index, prompt=prompt, turn=turn, ids=ids, seed=decoding.seed + index)
-                    turn_records = _run_sample(generator, variants, sample, decoding, bar)
+                    turn_records = _run_sample(generator, variants, sample, decoding, bar, repeats)
                     if checkpoint is not None:
                         checkpoint.append(turn_records)
                 records.extend(turn_records)
@@ -128,14 +146,31 @@ def run_bench(generator, prompts: Sequence[Prompt], variants: Sequence[Variant],
     return records
 
 
-def _run_sample(generator, variants: Sequence[Variant], sample: Sample, decoding: Decoding, bar) -> list[SampleRecord]:
-    """Every variant once on one prompt turn, in rotated order; records in variant order."""
-    outcomes: dict[str, Outcome] = {}
-    shift = sample.index % len(variants)
-    for variant in list(variants[shift:]) + list(variants[:shift]):
-        bar.set_postfix_str(f"{sample.prompt.dataset} #{sample.prompt.question_id} t{sample.turn + 1} {variant.label}")
-        outcomes[variant.label] = run_variant(generator, variant, sample.ids, decoding, sample.seed)
-        bar.update(1)
+def _run_sample(generator, variants: Sequence[Variant], sample: Sample, decoding: Decoding, bar,
+                repeats: int = 1) -> list[SampleRecord]:
+    """Every variant on one prompt turn, in rotated order, ``repeats`` rounds (``ar`` once); records in
+    variant order, each with its median run."""
+    runs: dict[str, list[tuple[Outcome, dict | None]]] = {variant.label: [] for variant in variants}
+    before = generator.controller_memory() if repeats > 1 else None
+    for round_index in range(repeats):
+        shift = (sample.index + round_index) % len(variants)
+        for variant in list(variants[shift:]) + list(variants[:shift]):
+            if round_index > 0 and variant.method == "ar":
+                continue
+            bar.set_postfix_str(f"{sample.prompt.dataset} #{sample.prompt.question_id} t{sample.turn + 1} "
+                                f"{variant.label}" + (f" round {round_index + 1}/{repeats}" if repeats > 1 else ""))
+            if before is not None:
+                generator.restore_controller_memory(before)
+            outcome = run_variant(generator, variant, sample.ids, decoding, sample.seed)
+            runs[variant.label].append((outcome, generator.controller_memory() if before is not None else None))
+            bar.update(1)
+    kept = {label: sorted(rounds, key=lambda run: run[0].seconds)[len(rounds) // 2] for label, rounds in runs.items()}
+    if before is not None:  # each variant's kept run passes on what its controllers learned
+        memory = dict(before)
+        for variant in variants:
+            memory.update({key: c for key, c in kept[variant.label][1].items() if before.get(key) is not c})
+        generator.restore_controller_memory(memory)
+    outcomes = {label: run[0] for label, run in kept.items()}
     ar_label = next((v.label for v in variants if v.method == "ar"), None)
     ar_tokens = outcomes[ar_label].token_ids if ar_label and decoding.greedy else None
     return [SampleRecord(
@@ -143,6 +178,7 @@ def _run_sample(generator, variants: Sequence[Variant], sample: Sample, decoding
         turn=sample.turn + 1, label=variant.label, method=variant.method, prompt_tokens=int(sample.ids.numel()),
         seed=sample.seed, outcome=outcomes[variant.label], text=text_of(generator, outcomes[variant.label].token_ids),
         identical_to_ar=None if ar_tokens is None else outcomes[variant.label].token_ids == ar_tokens,
+        round_seconds=[run[0].seconds for run in runs[variant.label]] if len(runs[variant.label]) > 1 else None,
     ) for variant in variants]
 
 
