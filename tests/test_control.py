@@ -903,6 +903,31 @@ def test_a_candidate_replaces_the_anchor_only_on_paired_evidence():
         ControllerSettings(anchor_z=-1)
 
 
+def test_the_gap_below_the_anchor_waits_for_enough_anchor_steps():
+    # Design 20: on a fresh controller's first four chain steps of 16 nodes (one accepting all 15 drafts), 8 reads 17%
+    # faster than the anchor 16 at under one paired standard error. Design 19 (anchor_gap_steps = 0) took 8 through
+    # the 10% gap at once (the first mt_bench answer of sweeps 16 and 17, 7% slower than N = 16); design 20 keeps the
+    # anchor until it has 8 samples, and then, the evidence going on the same way, takes 8 as well.
+    start, more = (15, 7, 7, 5), (7, 5, 7, 5, 7)
+    for gap_steps, expected_after_start in ((0, 8), (8, 16)):
+        controller = BudgetController(ControllerSettings(initial_budget=16, max_budget=16, allow_plain=False,
+                                                         anchor_gap_steps=gap_steps))
+        for accepted in start:
+            controller.next_budget()
+            controller.observe(chain_record(16, accepted))
+        controller.next_budget()
+        assert controller.choice == expected_after_start, controller.rates()
+        assert controller.rates()[8] > 1.1 * controller.rates()[16] and controller._paired_z(8, 16) < 1.0
+        for accepted in more:
+            if controller.next_budget() < 16:
+                break
+            controller.observe(chain_record(16, accepted))
+        controller.next_budget()
+        assert controller.choice == 8, (gap_steps, controller.rates())
+    with pytest.raises(TalonError, match="anchor_gap_steps"):
+        ControllerSettings(anchor_gap_steps=-1)
+
+
 def test_trials_that_lost_are_postponed_where_the_rest_of_a_short_request_cannot_afford_them():
     # Float32 costs and temperature-1-like chat acceptance: plain decoding wins and every probe loses. After
     # two 64-token requests, 16-token answers (QA) follow: a 2-step trial of 8-16 nodes would cost a fifth

@@ -339,6 +339,17 @@ Design ("Improvement" marks where this goes past the obvious recipe)
    1.158), a gap of 5% (replay level); keeping the current choice (not the initial budget) until a candidate beats it
    by z standard errors: qa 0.980 -> 0.941, the carried choice of the dataset before held.
 
+20. The gap waits for the anchor's evidence (``anchor_gap_steps``, 8). Below the anchor, the 10% gap of design 19
+   admits a candidate only once the anchor has 8 samples (steps at it or above it), or while the anchor is no faster
+   than plain decoding (a wrong anchor: then the gap acts at once, and a choice of plain, which no longer measures
+   the anchor, cannot hold it back). In sweeps 16 and 17 a fresh controller's first mt_bench answer read N = 8 as
+   10-17% faster after 3-4 steps at 16 and ran it for most of the answer, 7% slower than N = 16 there (a step at 8
+   no longer measures 16, so the estimate stays until a trial). Replay of sweep 13's trees: unchanged (its first
+   answer's early steps do not show the effect); ``controller_scenarios.py --set initial_budget=16``: level within
+   1% (float32 code, 200-token prompts 1.026 -> 1.035 of plain; float32 chat -> code, code 1.013 -> 1.001; Intel
+   float32 code 1.193 -> 1.194). Tried first: the sample count alone (no plain clause): Intel float32 code fell
+   from 1.19 to 1.00 of plain, since plain, once chosen, never measured the anchor again and the gap stayed shut.
+
 Not modelled: keep_growing looks one layer ahead;
 a step stopped early by keep_growing is taken to be what every larger budget would have built (true
 up to keep_growing's own dependence on the budget).
@@ -637,6 +648,8 @@ class ControllerSettings:
     anchor_z                a drafted candidate other than initial_budget may be chosen only while its paired rate
                             beats initial_budget's by more than this many standard errors on the steps that
                             inform both (design 19; 0: any trusted candidate, as in design 18)
+    anchor_gap_steps        ... or, below it, by more than ANCHOR_GAP, once initial_budget has this many samples
+                            or is no faster than plain decoding (design 20; 0: as soon as it is trusted, design 19)
     """
 
     max_budget: int = 64
@@ -670,6 +683,7 @@ class ControllerSettings:
     lean_margin: float = 0.03
     lean_reach: float = 2.0
     anchor_z: float = 1.0
+    anchor_gap_steps: int = 8
 
     def __post_init__(self) -> None:
         for name in ("allow_plain", "early_stop", "predict_trials"):
@@ -685,7 +699,8 @@ class ControllerSettings:
         object.__setattr__(self, "ladder", tuple(sorted(set(self.ladder))))
         for name, low in (("window", 1), ("min_steps", 1), ("plain_probe_budget", 2), ("probe_steps", 1),
                           ("probe_levels", 1), ("min_probe_interval", 1), ("cost_samples", 1),
-                          ("plain_refresh_interval", 0), ("release_steps", 1), ("confidence_window", 1)):
+                          ("plain_refresh_interval", 0), ("release_steps", 1), ("confidence_window", 1),
+                          ("anchor_gap_steps", 0)):
             _check_int(name, getattr(self, name), low, f"an integer >= {low}")
         if self.min_steps > self.window:
             raise bad_argument("min_steps", self.min_steps, f"at most window={self.window}")
@@ -1591,7 +1606,9 @@ class BudgetController:
         rate, anchor_rate = self._rates.get(budget, 0.0), self._rates[anchor]
         if rate < anchor_rate:
             return True  # slower than the (always admitted) anchor, never chosen: no paired test needed
-        if budget < anchor and rate > (1.0 + ANCHOR_GAP) * anchor_rate:
+        if budget < anchor and rate > (1.0 + ANCHOR_GAP) * anchor_rate and (
+                len(self._samples[self._index_of[anchor]]) >= self.settings.anchor_gap_steps
+                or anchor_rate <= self._rates.get(1, 0.0)):
             return True  # every step at the anchor measures it: a wrong anchor (float32: 16 nodes verify dear)
         return self._paired_z(budget, anchor) > z
 
