@@ -578,9 +578,8 @@ def test_repeats_keep_each_variants_median_run_and_start_every_round_from_the_sa
     from talon_sd.bench import runner
 
     starts: dict[tuple[int, str], list] = {}  # (prompt turn, label) -> the controller memory each run started from
-    ran = runner.run_variant
-
     ends: dict[tuple[int, str], list] = {}  # ... and (seconds, the controller it left) after each run
+    ran = runner.run_variant
 
     def watched(generator_, variant, ids, decoding, seed):
         starts.setdefault((len(ids), variant.label), []).append(generator_.controller_memory())
@@ -621,3 +620,6 @@ def test_repeats_keep_each_variants_median_run_and_start_every_round_from_the_sa
     resumed = json.loads((out / "results.json").read_text())
     assert [s["round_seconds"] for s in resumed["samples"]] == [s["round_seconds"] for s in results["samples"]]
     assert main(argv + ["--repeats", "0", "--out", str(tmp_path / "zero")]) == 2
+    for bad in (0, True, 2.0):  # the API refuses them too, with the standard message
+        with pytest.raises(TalonError, match=rf"^repeats: got {bad!r}, expected an integer >= 1$"):
+            runner.run_bench(generator, [], [], None, repeats=bad)

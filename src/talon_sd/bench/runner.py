@@ -42,7 +42,7 @@ from typing import Sequence
 
 import torch
 
-from ..errors import TalonError
+from ..errors import TalonError, bad_argument
 
 from .datasets import Prompt
 from .methods import Decoding, Outcome, Variant, run_variant
@@ -90,9 +90,15 @@ def count_samples(prompts: Sequence[Prompt]) -> int:
     return sum(prompt.num_turns for prompt in prompts)
 
 
+def is_repeated(variant: Variant) -> bool:
+    """Whether ``variant`` runs every round of a repeated sample: all but ``ar``, whose output fixes the
+    conversation and the ``identical_to_ar`` reference (see the module contract)."""
+    return variant.method != "ar"
+
+
 def runs_per_sample(variants: Sequence[Variant], repeats: int = 1) -> int:
     """Timed generations per prompt turn: every variant once, and ``repeats`` times but ``ar``."""
-    repeated = sum(1 for variant in variants if variant.method != "ar")
+    repeated = sum(1 for variant in variants if is_repeated(variant))
     return len(variants) + (repeats - 1) * repeated
 
 
@@ -101,7 +107,7 @@ def run_bench(generator, prompts: Sequence[Prompt], variants: Sequence[Variant],
               checkpoint=None, repeats: int = 1) -> list[SampleRecord]:
     """Run every variant on every prompt turn (see the module contract)."""
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise TalonError(f"repeats: expected an integer >= 1, got {repeats!r}")
+        raise bad_argument("repeats", repeats, "an integer >= 1")
     labels = [variant.label for variant in variants]
     if len(set(labels)) != len(labels):
         raise ValueError(f"variant labels must be unique, got {labels}")
@@ -155,7 +161,7 @@ def _run_sample(generator, variants: Sequence[Variant], sample: Sample, decoding
     for round_index in range(repeats):
         shift = (sample.index + round_index) % len(variants)
         for variant in list(variants[shift:]) + list(variants[:shift]):
-            if round_index > 0 and variant.method == "ar":
+            if round_index > 0 and not is_repeated(variant):
                 continue
             bar.set_postfix_str(f"{sample.prompt.dataset} #{sample.prompt.question_id} t{sample.turn + 1} "
                                 f"{variant.label}" + (f" round {round_index + 1}/{repeats}" if repeats > 1 else ""))
