@@ -429,8 +429,10 @@ def test_a_new_requests_own_steps_soon_outweigh_the_carried_ones():
     code = World(verify=verify, draft=lambda width: 0.3 * verify(width), other=0.005, **CODE)
     poor = World(verify=code.verify, draft=code.draft, other=0.005, agree=0.5, confidence=(0.2, 0.6))
     default = ControllerSettings()
-    ways = {"kept": ControllerSettings(carried_weight=math.inf, release_ratio=math.inf),
-            "capped": ControllerSettings(release_ratio=math.inf),
+    # (kept and capped without design 21's cost refreshes, which change the code phase's path: this compares
+    # design 7's cap alone)
+    ways = {"kept": ControllerSettings(carried_weight=math.inf, release_ratio=math.inf, cost_refresh_interval=0),
+            "capped": ControllerSettings(release_ratio=math.inf, cost_refresh_interval=0),
             "released": ControllerSettings(carried_weight=math.inf), "default": default}
     last, released = {}, []
     for name, settings in ways.items():
@@ -736,6 +738,7 @@ def test_inconsistent_records_raise_value_error(change):
 def test_every_step_says_why_it_got_its_budget():
     # The reason beside each budget (recorded per step in the stats and bench reports) agrees with what ran:
     # a trial runs above the choice, a lean step one rung above it (design 17), a plain measurement or catch-up skip runs N = 1 under a drafted choice,
+    # a cost refresh the candidate below a drafted choice or the choice (design 21),
     # and a step whose due trial could not start runs the choice and names what stopped the trial.
     verify = measured_curve(CPU_FACTS_MS["fp32"])
     code = World(verify=verify, draft=lambda width: 0.3 * verify(width), other=0.005, catch_up=0.005,
@@ -756,12 +759,15 @@ def test_every_step_says_why_it_got_its_budget():
                     assert budget == next(k for k in above if k >= ControllerSettings().initial_budget), (budget, choice)
                 elif reason in ("plain-measure", "catch-up-skip"):
                     assert budget == 1 < choice, (budget, choice, reason)
+                elif reason == "cost-refresh":  # the candidate below a drafted choice, or the choice (design 21)
+                    below = [k for k in controller.candidates if 1 < k < choice]
+                    assert choice > 1 and budget in below[-1:] + [choice], (budget, choice)
                 else:
                     assert budget == choice, (budget, choice, reason)
             seen.update(run.reasons)
             controller = controller.for_next_sequence()
     # trials, plain measurements and trials stopped by catch-up and by their past losses all occur here
-    assert {"choice", "trial", "lean", "plain-measure", "trial-catch-up", "trial-postponed"} <= set(seen), seen
+    assert {"choice", "trial", "lean", "plain-measure", "cost-refresh", "trial-catch-up", "trial-postponed"} <= set(seen), seen
 
 
 def test_summary_reports_the_histogram_of_chosen_budgets():

@@ -350,6 +350,23 @@ Design ("Improvement" marks where this goes past the obvious recipe)
    float32 code 1.193 -> 1.194). Tried first: the sample count alone (no plain clause): Intel float32 code fell
    from 1.19 to 1.00 of plain, since plain, once chosen, never measured the anchor again and the gap stayed shut.
 
+21. Verify costs are re-measured where the choice is made (``cost_refresh_interval``, 16;
+   :meth:`BudgetController._refresh_due`). A tree size measured only during a slow spell of the machine kept that
+   cost for good once the controller moved away from it: on the 2-core Xeon, verify steps run in spells 20-40%
+   slower for 5-10 steps (and single steps 2x), and in sweep 17 a fresh controller measured N = 16 in such a spell
+   (297-326 ms against 240 ms later), then leaned to 20 and 24 and never verified 16 again, for every later mt_bench
+   answer too (the cost curves are carried). Now, at most once every 16 steps, the candidate just below a drafted
+   choice, or the choice itself (when leaning), runs one step if its tree size was last verified 16 or more steps
+   ago; and the verify curve fits each size from its samples of the last 32 steps (at least its newest
+   :data:`RECENT_SAMPLES` = 3), so a spell's samples leave the fit after three refreshes. Synthetic worlds
+   (tests/test_control.py, i.i.d. noise): flat verification 0.984 -> 0.987 of the best fixed N; on an acceptance
+   drop the budget before the drop 10.9 -> 15.2 (it is 16 and more in that world). Replay of sweep 13's trees
+   (i.i.d. noise, so a refresh only costs): all 0.995 -> 0.994, alpaca 0.985 -> 0.971 (mean of 32 seeds), within
+   the seeds' spread elsewhere. Tried first: refreshing the rung below and the choice each every 16 steps (two
+   steps in 16: flat verification 0.967), and leaving a size without recent samples out of the fit (a single fresh
+   sample then set its cost; with only the running sizes fresh, the curve below them went flat: 16 cost as much as
+   24, the lean bias again).
+
 Not modelled: keep_growing looks one layer ahead;
 a step stopped early by keep_growing is taken to be what every larger budget would have built (true
 up to keep_growing's own dependence on the budget).
@@ -380,6 +397,7 @@ OWN_CONFIDENCES = 4  # a large catch-up waits for this many of the sequence's ow
 CATCH_UP_MARGIN = 2.0  # ... when the carried rate pays it back less than this many times over (design 14)
 FOLLOW_PRIOR_SHARE = 0.5  # prior: a tree catches this share of what the draft's top-1 misses (design 12)
 ANCHOR_GAP = 0.1  # below the anchor, a candidate this much faster needs no paired test (design 19)
+RECENT_SAMPLES = 3  # a cost curve's size keeps at least its newest 3 samples in the fit (design 21)
 LEAN_FLOOR = 8  # a drafted choice below this leans to the first candidate >= it (or initial_budget if less; design 17)
 CHILD_PRIOR_SHARE = 0.7  # prior: an accepted, expanded node has one of its drafted children accepted 70% of the time
 # why a step got its budget (:attr:`BudgetController.reason`, recorded per step in the decoding stats)
@@ -388,6 +406,8 @@ REASONS = {
     "trial": "a step of a trial of a larger budget (design 3)",
     "lean": "the lean rung above the choice, within lean_margin of it or not yet trusted (designs 17, 18)",
     "plain-measure": "a plain step measuring verify(1): first samples, then every plain_refresh_interval (design 13)",
+    "cost-refresh": "the candidate below the choice, or the choice, re-measuring a verify cost older than "
+                    "cost_refresh_interval steps (design 21)",
     "catch-up-skip": "the drafted choice run as a plain step: its catch-up would not pay (designs 6, 14)",
     "trial-untrusted": "a trial was due but the choice has no trusted rate yet",
     "trial-no-own-draft": "a trial was due but the choice ran no drafted step in this sequence or the last (design 11)",
@@ -620,6 +640,9 @@ class ControllerSettings:
     min_probe_interval      steps between trials after one that moved the choice up (and at the start)
     max_probe_interval      cap of the interval, which doubles after each trial that did not
     plain_refresh_interval  steps between plain steps that re-measure verify(1) (0: never)
+    cost_refresh_interval   the candidate below a drafted choice and the choice re-measure their verify cost
+                            once it is this many steps old; verify samples older than twice this leave the
+                            fit (0: neither; design 21)
     dominance_margin        skip a probe whose optimistic rate is below (1 - margin) x the current rate
     cost_samples            recent samples kept per size in each cost curve
     calibration_edges       bin edges of cumulative draft log p, from 0.0 down (the last bin goes to -inf)
@@ -684,6 +707,7 @@ class ControllerSettings:
     lean_reach: float = 2.0
     anchor_z: float = 1.0
     anchor_gap_steps: int = 8
+    cost_refresh_interval: int = 16
 
     def __post_init__(self) -> None:
         for name in ("allow_plain", "early_stop", "predict_trials"):
@@ -700,7 +724,7 @@ class ControllerSettings:
         for name, low in (("window", 1), ("min_steps", 1), ("plain_probe_budget", 2), ("probe_steps", 1),
                           ("probe_levels", 1), ("min_probe_interval", 1), ("cost_samples", 1),
                           ("plain_refresh_interval", 0), ("release_steps", 1), ("confidence_window", 1),
-                          ("anchor_gap_steps", 0)):
+                          ("anchor_gap_steps", 0), ("cost_refresh_interval", 0)):
             _check_int(name, getattr(self, name), low, f"an integer >= {low}")
         if self.min_steps > self.window:
             raise bad_argument("min_steps", self.min_steps, f"at most window={self.window}")
@@ -750,9 +774,12 @@ class CostCurve:
     :meth:`add` before reading it.
     """
 
-    def __init__(self, keep: int, prior: Mapping[int, float] | None = None) -> None:
+    def __init__(self, keep: int, prior: Mapping[int, float] | None = None, horizon: int | None = None) -> None:
         self.keep = keep
+        self.horizon = horizon  # samples older than this many adds are out of the fit (None: never; design 21)
         self.samples: dict[int, deque[float]] = {}
+        self._clocks: dict[int, deque[int]] = {}  # [like samples] the add count at each sample
+        self.clock = 0  # samples added so far
         points = sorted((prior or {}).items())
         self._prior = _fit([x for x, _ in points], [y for _, y in points], [1.0] * len(points))
         self.xs: list[int] = []  # known sizes, ascending
@@ -765,14 +792,33 @@ class CostCurve:
         samples = self.samples.get(size)
         if samples is None:
             samples = self.samples[size] = deque(maxlen=self.keep)
+            self._clocks[size] = deque(maxlen=self.keep)
         samples.append(float(seconds))
+        self._clocks[size].append(self.clock)
+        self.clock += 1
         self._stale = True
+
+    def age(self, size: int) -> float:
+        """Adds since ``size``'s newest sample (math.inf if never measured)."""
+        clocks = self._clocks.get(size)
+        return self.clock - 1 - clocks[-1] if clocks else math.inf
+
+    def _recent(self) -> dict[int, list[float]]:
+        """Per size, the samples the fit uses (design 21): those within ``horizon`` adds of now, or the newest
+        :data:`RECENT_SAMPLES` if fewer are (every kept sample when ``horizon`` is None)."""
+        if self.horizon is None:
+            return {size: list(samples) for size, samples in self.samples.items()}
+        used = {}
+        for size, samples in self.samples.items():
+            recent = sum(1 for c in self._clocks[size] if self.clock - c <= self.horizon)
+            used[size] = list(samples)[-max(recent, RECENT_SAMPLES):]
+        return used
 
     def refit(self) -> None:
         if not self._stale:
             return
         self._stale = False
-        measured = {size: (_median(samples), float(len(samples))) for size, samples in self.samples.items()}
+        measured = {size: (_median(values), float(len(values))) for size, values in self._recent().items()}
         prior_xs, prior_ys, prior_slope = self._prior
         points = {}
         if prior_xs:
@@ -1016,7 +1062,9 @@ class BudgetController:
         self.candidates = settings.candidates()  # ascending budgets
         self._index_of = {k: i for i, k in enumerate(self.candidates)}
         prior = prior or CostPrior({}, {})
-        self.verify_cost = CostCurve(settings.cost_samples, prior.verify_seconds)  # by tree size
+        refresh = settings.cost_refresh_interval  # design 21: verify samples older than 2 intervals leave the fit
+        self.verify_cost = CostCurve(settings.cost_samples, prior.verify_seconds,  # by tree size
+                                     horizon=2 * refresh if refresh > 0 else None)
         self.draft_cost = CostCurve(settings.cost_samples, prior.draft_seconds)  # by forward width
         self.overhead_cost = CostCurve(settings.cost_samples, prior.overhead_seconds)  # by draft forwards per step
         self.catch_up_cost = CostCurve(settings.cost_samples)  # by catch-up tokens (bucketed): extra first-forward seconds
@@ -1053,6 +1101,7 @@ class BudgetController:
         self._trial_loss = 0.0  # seconds the running trial lost so far against that rate, its catch-up left out
         self._trial_losses: dict[int, float] = {}  # by probe budget: what its last trials lost (design 11)
         self._last_plain = 0
+        self._last_refresh = 0  # the step of the last cost refresh (design 21)
         self._drafted_before = True  # the previous sequence ran a drafted step (this one's: _own_outcomes)
         self._interval = settings.min_probe_interval
         self._next_trial = settings.min_probe_interval
@@ -1134,13 +1183,19 @@ class BudgetController:
             self._choose()
             budget, self._reason = self._choice, "choice"
             plain_due = self._plain_due()
-            lean = None if plain_due else self._lean()
+            refresh = None if plain_due else self._refresh_due()
+            if refresh is not None and not self._worth_catching_up(refresh, catch_up, expected):
+                refresh = None
+            lean = None if plain_due or refresh is not None else self._lean()
             # a lean needs the choice and the rung to pass the catch-up test (an untrusted rung passes it: no rate);
             # otherwise the choice's own test decides below (designs 6, 14)
             if lean is not None and not all(self._worth_catching_up(k, catch_up, expected) for k in (budget, lean)):
                 lean = None
             if plain_due:
                 budget, self._reason = 1, "plain-measure"
+            elif refresh is not None:
+                budget, self._reason = refresh, "cost-refresh"
+                self._last_refresh = self._step
             elif lean is not None:
                 budget, self._reason = lean, "lean"
                 # an untrusted rung is explored: its losses count against the exploration share (design 8)
@@ -1669,6 +1724,20 @@ class BudgetController:
         initial = self.settings.initial_budget  # design 18: below it, at least lean_reach x the choice
         floor = min(initial, max(LEAN_FLOOR, self.settings.lean_reach * choice))
         return next((k for k in above if k >= floor), above[-1])
+
+    def _refresh_due(self) -> int | None:
+        """Design 21: the budget whose verify cost is re-measured now, or None. At most once every
+        ``cost_refresh_interval`` steps, the candidate just below a drafted choice or the choice itself, whichever
+        tree size was verified longer ago, once that is ``cost_refresh_interval`` steps or more (sizes never
+        verified are left to the curve's interpolation)."""
+        interval, choice = self.settings.cost_refresh_interval, self._choice
+        if (interval == 0 or choice == 1 or self._step - self._last_refresh < interval
+                or not (self._own_outcomes or self._drafted_before)):
+            return None
+        below = [k for k in self.candidates if 1 < k < choice]
+        ages = {budget: self.verify_cost.age(budget) for budget in below[-1:] + [choice]}
+        ages = {budget: age for budget, age in ages.items() if interval <= age < math.inf}
+        return max(ages, key=ages.get) if ages else None
 
     def _plain_due(self) -> bool:
         """A plain step that measures verify(1) is due: while it has fewer than ``min_steps`` measured samples
