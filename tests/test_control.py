@@ -8,7 +8,8 @@ token the draft did not rank otherwise. Trees are built by TALON's rule (Algorit
 children, then a gate mu relative to the layer pool's maximum, the overflow cut to the budget), and
 accepted greedily; the simulated builder asks the controller's keep_growing before every draft
 forward but the first, as the real builders do. Costs are injected functions of the tree size and the
-forward width, with seeded multiplicative noise (and, optionally, the model drafter's catch-up: the
+forward width, with seeded multiplicative noise, optionally slow spells of the machine (blocks of steps
+in which every time is longer), and optionally the model drafter's catch-up (the
 first forward after plain steps also forwards the tokens they committed). The draws of step s depend only on (seed, s) and the depth, never on the budget,
 so fixed budgets and the controller are compared on the same text (common random numbers).
 """
@@ -56,6 +57,9 @@ class World:
     topk: int = 4
     mu: float = 0.03
     noise: float = 0.05  # relative standard deviation of every measured time
+    spell_share: float = 0.0  # share of blocks of spell_steps steps in which the machine runs slow (design 21)
+    spell_steps: int = 8
+    spell_slowdown: float = 1.3  # every time in a slow block is this many times longer
     catch_up: float = 0.0  # extra seconds of a step's first draft forward per token committed without drafting
     report_confidence: bool = True  # steps report the target's confidence per committed token (design 12)
 
@@ -85,6 +89,8 @@ def simulate_step(world: World, seed: int, index: int, budget: int, controller: 
     """One TALON step of budget ``budget`` in ``world``; ``pending`` tokens wait in the drafter."""
     text = random.Random(f"text {seed} {index}")  # depth-wise draws: the same for every budget
     clock = random.Random(f"clock {seed} {index}")  # timing noise
+    slow = (world.spell_share > 0  # a slow spell of the machine: the same steps for every budget
+            and random.Random(f"spell {seed} {index // world.spell_steps}").random() < world.spell_share)
     draws: list[tuple[float, float, float]] = []
 
     def at_depth(depth: int) -> tuple[float, float, float]:
@@ -93,7 +99,7 @@ def simulate_step(world: World, seed: int, index: int, budget: int, controller: 
         return draws[depth - 1]
 
     def measured(seconds: float) -> float:
-        return max(0.0, seconds * (1 + world.noise * clock.gauss(0, 1)))
+        return max(0.0, seconds * (1 + world.noise * clock.gauss(0, 1)) * (world.spell_slowdown if slow else 1.0))
 
     log_p, parent, depth = [0.0], [-1], [0]
     child_at: dict[tuple[int, int], int] = {}
