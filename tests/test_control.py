@@ -559,6 +559,65 @@ def test_an_outlier_at_a_small_size_does_not_lift_the_whole_curve():
     assert curve(16) < 1.5  # a running max would say 5.0
 
 
+def test_a_slow_spells_samples_leave_the_fit_once_the_size_is_measured_again():
+    # Design 21: a size measured only in a slow spell (0.30 s against 0.24 s) and then left for 40 steps at
+    # other sizes. Without a horizon its 9 kept samples hold 0.30 even after 3 fresh ones; with a horizon of
+    # 32 adds the fresh ones decide as soon as there are 3 (one fresh sample alone cannot: a single step can
+    # be a 2x outlier, so the newest 3 are used).
+    curves = {None: CostCurve(keep=9), 32: CostCurve(keep=9, horizon=32)}
+    for curve in curves.values():
+        for _ in range(9):
+            curve.add(16, 0.30)
+        for _ in range(40):
+            curve.add(20, 0.25)
+        assert curve.age(16) == 40 and curve.age(20) == 0 and curve.age(12) == math.inf
+        curve.add(16, 0.24)
+        curve.refit()
+        assert curve.medians()[16] == pytest.approx(0.30)
+    # one fresh sample: 16's median stays 0.30 both ways, pooled with 20's 0.25 (isotonic fit, weights = samples
+    # used: 9 and 9 without the horizon; 3, the newest, and 9 with it)
+    assert curves[None].points()[16] == pytest.approx((9 * 0.30 + 9 * 0.25) / 18)
+    assert curves[32].points()[16] == pytest.approx((3 * 0.30 + 9 * 0.25) / 12)
+    for _ in range(2):
+        for curve in curves.values():
+            curve.add(16, 0.24)
+            curve.refit()
+    assert curves[None].points()[16] == pytest.approx((9 * 0.30 + 9 * 0.25) / 18)  # 6 of 9 still the spell's
+    assert curves[32].points() == pytest.approx({16: 0.24, 20: 0.25})  # the three fresh samples decide
+    # the horizon's edge: the samples among the last `horizon` adds (ages 0 .. horizon - 1)
+    for horizon, expected in ((4, (9.0 + 1.0) / 2), (3, 1.0)):
+        curve = CostCurve(keep=9, horizon=horizon)
+        for seconds in (9.0, 9.0, 9.0, 9.0, 1.0, 1.0):  # ages 5 .. 0
+            curve.add(1, seconds)
+        curve.refit()
+        assert curve.points()[1] == pytest.approx(expected), horizon  # 4: 9, 9, 1, 1; 3: 9, 1, 1
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(TalonError, match=r"^horizon: got .*, expected an integer >= 1 or None$"):
+            CostCurve(keep=9, horizon=bad)
+
+
+def test_cost_refreshes_re_measure_the_choice_or_the_candidate_below_it_at_most_once_per_interval():
+    # Design 21 in a synthetic world: a refresh runs the candidate just below a drafted choice or the choice,
+    # only when that tree size was last verified 16 or more steps before, and at most once in 16 steps;
+    # cost_refresh_interval = 0 turns it off. Every step stays lossless by construction (a budget choice only).
+    for interval in (16, 0):
+        controller = BudgetController(ControllerSettings(cost_refresh_interval=interval))
+        run = simulate(FLAT, 400, controller)
+        refreshes = [i for i, reason in enumerate(run.reasons) if reason == "cost-refresh"]
+        if interval == 0:
+            assert refreshes == []
+            continue
+        assert len(refreshes) >= 5, run.reasons
+        assert all(b - a >= interval for a, b in zip(refreshes, refreshes[1:]))
+        for i in refreshes:
+            budget, choice = run.budgets[i], run.choices[i]
+            below = [k for k in controller.candidates if 1 < k < choice]
+            assert budget in below[-1:] + [choice], (budget, choice)
+            assert budget not in run.budgets[i - interval:i], (i, budget)  # 16 steps ran after its last one
+    with pytest.raises(TalonError, match=r"^cost_refresh_interval: got -1, expected an integer >= 0$"):
+        ControllerSettings(cost_refresh_interval=-1)
+
+
 # ---------------------------------------------------------------------------------------------- counterfactual
 def talon_record() -> StepRecord:
     """A hand-built TALON step of budget 10: layer 1 = positions 1-3 (one forward of the root), layer 2 =

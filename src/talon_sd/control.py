@@ -353,11 +353,12 @@ Design ("Improvement" marks where this goes past the obvious recipe)
 21. Verify costs are re-measured where the choice is made (``cost_refresh_interval``, 16;
    :meth:`BudgetController._refresh_due`). A tree size measured only during a slow spell of the machine kept that
    cost for good once the controller moved away from it: on the 2-core Xeon, verify steps run in spells 20-40%
-   slower for 5-10 steps (and single steps 2x), and in sweep 17 a fresh controller measured N = 16 in such a spell
-   (297-326 ms against 240 ms later), then leaned to 20 and 24 and never verified 16 again, for every later mt_bench
-   answer too (the cost curves are carried). Now, at most once every 16 steps, the candidate just below a drafted
-   choice, or the choice itself (when leaning), runs one step if its tree size was last verified 16 or more steps
-   ago; and the verify curve fits each size from its samples of the last 32 steps (at least its newest
+   slower for 5-10 steps (and single steps 2x), and in a traced mt_bench answer (docs/BENCHMARKS.md section 5) a
+   fresh controller measured N = 16 in such a spell (297-326 ms against 240 ms later), then leaned to 20 and 24 and
+   never verified 16 again; the curves are carried, so that held for every later answer. Now, at most once every
+   16 steps, the candidate just below a drafted choice or the choice itself (whichever ran longer ago: the choice
+   while the controller leans above it or after catch-up skips) runs one step once 16 or more steps ran after its
+   last one (not charged to the exploration share, like plain-measure steps); and the verify curve fits each size from its samples of the last 32 steps (at least its newest
    :data:`RECENT_SAMPLES` = 3), so a spell's samples leave the fit after three refreshes. Synthetic worlds
    (tests/test_control.py, i.i.d. noise): flat verification 0.984 -> 0.987 of the best fixed N; on an acceptance
    drop the budget before the drop 10.9 -> 15.2 (it is 16 and more in that world). Replay of sweep 13's trees
@@ -406,8 +407,8 @@ REASONS = {
     "trial": "a step of a trial of a larger budget (design 3)",
     "lean": "the lean rung above the choice, within lean_margin of it or not yet trusted (designs 17, 18)",
     "plain-measure": "a plain step measuring verify(1): first samples, then every plain_refresh_interval (design 13)",
-    "cost-refresh": "the candidate below the choice, or the choice, re-measuring a verify cost older than "
-                    "cost_refresh_interval steps (design 21)",
+    "cost-refresh": "the candidate below a drafted choice, or the choice, run once cost_refresh_interval steps "
+                    "ran after its last step: its verify cost re-measured (design 21)",
     "catch-up-skip": "the drafted choice run as a plain step: its catch-up would not pay (designs 6, 14)",
     "trial-untrusted": "a trial was due but the choice has no trusted rate yet",
     "trial-no-own-draft": "a trial was due but the choice ran no drafted step in this sequence or the last (design 11)",
@@ -640,9 +641,10 @@ class ControllerSettings:
     min_probe_interval      steps between trials after one that moved the choice up (and at the start)
     max_probe_interval      cap of the interval, which doubles after each trial that did not
     plain_refresh_interval  steps between plain steps that re-measure verify(1) (0: never)
-    cost_refresh_interval   the candidate below a drafted choice and the choice re-measure their verify cost
-                            once it is this many steps old; verify samples older than twice this leave the
-                            fit (0: neither; design 21)
+    cost_refresh_interval   at most once in this many steps, the candidate below a drafted choice or the choice
+                            runs one step once this many steps ran after its last one (its verify cost
+                            re-measured); the verify curve fits each size from its samples of the last twice
+                            this many steps, at least its newest RECENT_SAMPLES (0: neither; design 21)
     dominance_margin        skip a probe whose optimistic rate is below (1 - margin) x the current rate
     cost_samples            recent samples kept per size in each cost curve
     calibration_edges       bin edges of cumulative draft log p, from 0.0 down (the last bin goes to -inf)
@@ -767,7 +769,8 @@ class ControllerSettings:
 class CostCurve:
     """Seconds as a non-decreasing function of a size (tree nodes, forward width, forwards per step).
 
-    Keeps the last ``keep`` samples per size; the curve runs through the per-size medians after a
+    Keeps the last ``keep`` samples per size; the curve runs through the per-size medians (with ``horizon``,
+    of the samples among the last ``horizon`` adds, at least the newest :data:`RECENT_SAMPLES`) after a
     weighted isotonic fit, linearly in between, and outside the known sizes with the larger of the last
     segment's and the whole curve's slope (floored at 0 seconds). ``prior`` points seed it and are
     rescaled by the median measured/prior ratio once measurements exist. Call :meth:`refit` after
@@ -775,8 +778,10 @@ class CostCurve:
     """
 
     def __init__(self, keep: int, prior: Mapping[int, float] | None = None, horizon: int | None = None) -> None:
+        if horizon is not None and (not _is_int(horizon) or horizon < 1):
+            raise bad_argument("horizon", horizon, "an integer >= 1 or None")
         self.keep = keep
-        self.horizon = horizon  # samples older than this many adds are out of the fit (None: never; design 21)
+        self.horizon = horizon  # only samples among the last this many adds are fitted (None: all; design 21)
         self.samples: dict[int, deque[float]] = {}
         self._clocks: dict[int, deque[int]] = {}  # [like samples] the add count at each sample
         self.clock = 0  # samples added so far
@@ -799,13 +804,13 @@ class CostCurve:
         self._stale = True
 
     def age(self, size: int) -> float:
-        """Adds since ``size``'s newest sample (math.inf if never measured)."""
+        """Adds after ``size``'s newest sample (0: it was the last add; math.inf if never measured)."""
         clocks = self._clocks.get(size)
         return self.clock - 1 - clocks[-1] if clocks else math.inf
 
     def _recent(self) -> dict[int, list[float]]:
-        """Per size, the samples the fit uses (design 21): those within ``horizon`` adds of now, or the newest
-        :data:`RECENT_SAMPLES` if fewer are (every kept sample when ``horizon`` is None)."""
+        """Per size, the samples the fit uses (design 21): those among the last ``horizon`` adds (age < horizon),
+        or the newest :data:`RECENT_SAMPLES` if fewer are (every kept sample when ``horizon`` is None)."""
         if self.horizon is None:
             return {size: list(samples) for size, samples in self.samples.items()}
         used = {}
@@ -860,7 +865,7 @@ class CostCurve:
         return dict(zip(self.xs, self.ys))
 
     def medians(self) -> dict[int, float]:
-        """Measured sizes only: the median of their recent samples."""
+        """Measured sizes only: the median of all their kept samples (the fit may use fewer: ``horizon``)."""
         return {size: _median(samples) for size, samples in sorted(self.samples.items())}
 
 
@@ -1102,6 +1107,7 @@ class BudgetController:
         self._trial_losses: dict[int, float] = {}  # by probe budget: what its last trials lost (design 11)
         self._last_plain = 0
         self._last_refresh = 0  # the step of the last cost refresh (design 21)
+        self._last_ran: dict[int, int] = {}  # budget -> steps observed when its last step was (design 21)
         self._drafted_before = True  # the previous sequence ran a drafted step (this one's: _own_outcomes)
         self._interval = settings.min_probe_interval
         self._next_trial = settings.min_probe_interval
@@ -1315,6 +1321,7 @@ class BudgetController:
         if forwards == 0:
             self._last_plain = self._step
         self._step += 1
+        self._last_ran[record.budget] = self._step
         self._version += 1
         self._planned = None
         if self._trial_left > 0:
@@ -1727,17 +1734,19 @@ class BudgetController:
 
     def _refresh_due(self) -> int | None:
         """Design 21: the budget whose verify cost is re-measured now, or None. At most once every
-        ``cost_refresh_interval`` steps, the candidate just below a drafted choice or the choice itself, whichever
-        tree size was verified longer ago, once that is ``cost_refresh_interval`` steps or more (sizes never
-        verified are left to the curve's interpolation)."""
+        ``cost_refresh_interval`` steps: of the candidate just below a drafted choice and the choice itself,
+        the one whose last step is older, once ``cost_refresh_interval`` or more steps ran after it (budgets
+        never run are left to the cost curve's interpolation). Like plain-measure steps (design 13), a refresh
+        is not charged to the exploration share: it is at most one step in ``cost_refresh_interval``."""
         interval, choice = self.settings.cost_refresh_interval, self._choice
         if (interval == 0 or choice == 1 or self._step - self._last_refresh < interval
                 or not (self._own_outcomes or self._drafted_before)):
             return None
         below = [k for k in self.candidates if 1 < k < choice]
-        ages = {budget: self.verify_cost.age(budget) for budget in below[-1:] + [choice]}
-        ages = {budget: age for budget, age in ages.items() if interval <= age < math.inf}
-        return max(ages, key=ages.get) if ages else None
+        since = {budget: self._step - self._last_ran[budget] for budget in below[-1:] + [choice]
+                 if budget in self._last_ran}
+        since = {budget: steps for budget, steps in since.items() if steps >= interval}
+        return max(since, key=since.get) if since else None
 
     def _plain_due(self) -> bool:
         """A plain step that measures verify(1) is due: while it has fewer than ``min_steps`` measured samples
