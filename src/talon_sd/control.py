@@ -265,7 +265,7 @@ Design ("Improvement" marks where this goes past the obvious recipe)
 
 17. Lean one rung up (:meth:`BudgetController._lean`). A drafted choice c runs, instead of itself, the next candidate
    above it that is at least min(``initial_budget``, :data:`LEAN_FLOOR` = 8) (from 5, 8: the rung 6 adds a draft
-   forward for one node and would stop a climb), while that rung's trusted rate is within ``lean_margin`` (3%) of c's,
+   forward for one node and would stop a climb), while that rung's trusted rate is within ``lean_margin`` (3%; 1% since design 22) of c's,
    or, untrusted, while its optimistic rate is not dominated (design 3b) and trials have not lost their exploration
    share (design 8; an untrusted rung's steps count their loss against c's rate there, as a trial's do); only once c
    ran a drafted step in this sequence or the last (design 11b), and only when both c and a trusted rung pass the
@@ -367,6 +367,18 @@ Design ("Improvement" marks where this goes past the obvious recipe)
    steps in 16: flat verification 0.967), and leaving a size without recent samples out of the fit (a single fresh
    sample then set its cost; with only the running sizes fresh, the curve below them went flat: 16 cost as much as
    24, the lean bias again).
+
+22. A lean margin of 1% (``lean_margin``, was 3%). In every real bf16 sweep on the Xeon (16, 17, and 18's first five
+   mt_bench turns, design 21) auto leaned from 16 to 20 on most chat steps and lost 3-8% per answer to N = 16
+   (sweep 18's first turn: 20 nodes accepted 3.54 tokens a step against 16's 3.31, +7%, for 0.46 more draft
+   forwards of about 104 ms and 15 ms more verify, +11% a step: 20 is 3-4% slower, inside the 3% margin within
+   the estimates' noise). With 1% the lean stops where the rung above is measurably slower, and still runs where it
+   is level or faster (code climbs to 24-32 as before). ``python scripts/controller_scenarios.py --seeds 48 --set
+   initial_budget=16`` with ``--set lean_margin=0.03`` for design 21: Intel bf16 real-pair-like code 0.952 -> 0.960
+   of the best fixed N, chat 0.961 -> 0.972 (with slow spells 0.949 -> 0.961 and 0.961 -> 0.957), float32 code
+   1.111 -> 1.115 of plain (200-token prompts 1.037 -> 1.056), the rest level. Replay of sweep 13's trees
+   (``--seeds 32``): all 0.994 either way (mt_bench 0.988 -> 0.991, alpaca 0.976 -> 0.974, humaneval 0.995 ->
+   0.992); a margin of 0 loses there (all 0.990, qa 0.988: the rung above is then rarely measured).
 
 Not modelled: keep_growing looks one layer ahead;
 a step stopped early by keep_growing is taken to be what every larger budget would have built (true
@@ -705,7 +717,7 @@ class ControllerSettings:
     exploration_half_life: float = 64.0
     predict_trials: bool = True
     confidence_window: int = 16
-    lean_margin: float = 0.03
+    lean_margin: float = 0.01
     lean_reach: float = 2.0
     anchor_z: float = 1.0
     anchor_gap_steps: int = 8
