@@ -234,10 +234,16 @@ def test_ctrl_c_stops_after_the_running_step_with_a_checkpoint(target, store, tm
 
     config = TrainConfig(epochs=1, lr=3e-3, batch_tokens=384, val_fraction=0.1, precision="float32", checkpoint_every=50)
     trainer = Trainer(fresh_head(target, store), store, config, tmp_path, {}, progress=False)
-    with pytest.raises(KeyboardInterrupt):
-        trainer.run(on_step=lambda step: step == 2 and os.kill(os.getpid(), signal.SIGINT))
-    assert torch.load(tmp_path / "train" / "checkpoint.pt", weights_only=True)["step"] == 2
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
+    # Python's own handler before the run, whatever the test runner inherited (a shell's background job
+    # starts with SIGINT ignored)
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            trainer.run(on_step=lambda step: step == 2 and os.kill(os.getpid(), signal.SIGINT))
+        assert torch.load(tmp_path / "train" / "checkpoint.pt", weights_only=True)["step"] == 2
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
+    finally:
+        signal.signal(signal.SIGINT, inherited)
 
 
 def test_features_resume_rewrites_only_missing_shards(target, corpus, tmp_path, monkeypatch):
