@@ -83,11 +83,11 @@ def real_pair_sequence(seeds: int, settings: ControllerSettings, count: int = 5,
                 controller = (BudgetController(settings) if controller is None
                               else controller.for_next_sequence())
                 run_seed = 1000 * seed + 10 * request + (kind == "code")
-                runs.append(simulate(stretches(kind, run_seed, spells=spells), None, controller, seed=run_seed, prompt=prompt,
-                                     tokens=tokens))
+                runs.append(simulate(stretches(kind, run_seed, spells=spells), None, controller, seed=run_seed,
+                                     prompt=prompt, tokens=tokens))
                 for k in fixed:
-                    fixed[k].append(simulate(stretches(kind, run_seed, spells=spells), None, k, seed=run_seed, prompt=prompt,
-                                             tokens=tokens))
+                    fixed[k].append(simulate(stretches(kind, run_seed, spells=spells), None, k, seed=run_seed,
+                                             prompt=prompt, tokens=tokens))
                 out[kind][2].update(runs[-1].reasons)
             best = max(fixed.values(), key=lambda f: ratio(f, runs))
             out[kind][0].append(ratio(runs, best))

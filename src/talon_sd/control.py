@@ -265,8 +265,9 @@ Design ("Improvement" marks where this goes past the obvious recipe)
 
 17. Lean one rung up (:meth:`BudgetController._lean`). A drafted choice c runs, instead of itself, the next candidate
    above it that is at least min(``initial_budget``, :data:`LEAN_FLOOR` = 8) (from 5, 8: the rung 6 adds a draft
-   forward for one node and would stop a climb), while that rung's trusted rate is within ``lean_margin`` (3%; 1% since design 22) of c's,
-   or, untrusted, while its optimistic rate is not dominated (design 3b) and trials have not lost their exploration
+   forward for one node and would stop a climb), while that rung's trusted rate is within ``lean_margin`` (3%; 1%
+   since design 22) of c's, or, untrusted, while its optimistic rate is not dominated (design 3b) and trials have
+   not lost their exploration
    share (design 8; an untrusted rung's steps count their loss against c's rate there, as a trial's do); only once c
    ran a drafted step in this sequence or the last (design 11b), and only when both c and a trusted rung pass the
    catch-up test of designs 6 and 14 (an untrusted rung is judged as c). A lean step pushes the trial schedule back
@@ -358,9 +359,9 @@ Design ("Improvement" marks where this goes past the obvious recipe)
    never verified 16 again; the curves are carried, so that held for every later answer. Now, at most once every
    16 steps, the candidate just below a drafted choice or the choice itself (whichever ran longer ago: the choice
    while the controller leans above it or after catch-up skips) runs one step once 16 or more steps ran after its
-   last one (not charged to the exploration share, like plain-measure steps); and the verify curve fits each size from its samples of the last 32 steps (at least its newest
-   :data:`RECENT_SAMPLES` = 3), so a spell's samples leave the fit after three refreshes. Synthetic worlds
-   (tests/test_control.py, i.i.d. noise): flat verification 0.984 -> 0.987 of the best fixed N; on an acceptance
+   last one (not charged to the exploration share, like plain-measure steps); and the verify curve fits each size
+   from its samples of the last 32 steps (at least its newest :data:`RECENT_SAMPLES` = 3), so a spell's samples
+   leave the fit after three refreshes. Synthetic worlds (tests/test_control.py, i.i.d. noise): flat verification 0.984 -> 0.987 of the best fixed N; on an acceptance
    drop the budget before the drop 10.9 -> 15.2 (it is 16 and more in that world). Replay of sweep 13's trees
    (i.i.d. noise, so a refresh only costs): all 0.995 -> 0.994, alpaca 0.985 -> 0.971 (mean of 32 seeds), within
    the seeds' spread elsewhere. Tried first: refreshing the rung below and the choice each every 16 steps (two
