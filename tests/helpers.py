@@ -28,6 +28,7 @@ class CyclingController(BudgetController):
         self.calls, self.budgets = 0, []
         self.asked: list[tuple[int, int | None]] = []  # (catch_up_tokens, tokens_left) the loop gave each step
         self.committed: list[int] = []  # tokens each step committed (bonus included)
+        self.caught_up_apart: list[bool] = []  # whether each step's record timed a catch-up forward apart
 
     def next_budget(self, catch_up_tokens: int = 0, tokens_left: int | None = None) -> int:
         budget = min(self.BUDGETS[len(self.budgets) % len(self.BUDGETS)], max_budget_of(self))
@@ -37,6 +38,7 @@ class CyclingController(BudgetController):
 
     def observe(self, record) -> None:
         self.committed.append(len(record.accepted) + 1)
+        self.caught_up_apart.append(record.catch_up_seconds is not None)
         super().observe(record)
 
     def keep_growing(self, tree_log_p, frontier, widths_so_far, budget) -> bool:

@@ -128,3 +128,33 @@ def test_the_cache_goes_by_the_keyword_the_model_declares_without_deprecation_wa
             logits = lm.forward(torch.tensor([9]))
         assert lm.cache.length == 5
         assert torch.allclose(logits[-1], fresh_logits(target, [5, 6, 7, 8, 9]), atol=1e-4)
+
+
+def test_the_prompt_catch_up_runs_as_a_forward_of_its_own_and_only_before_the_first_draft_forward(llama_pair):
+    """Design 23 of talon_sd.control: ``catch_up`` prefills the prompt (and every token plain steps committed
+    before it) apart, so the first expand forwards the root alone; once the prompt is in, a later catch-up stays
+    in the first expand (apart it would cost one more forward) and ``catch_up`` says False."""
+    _, draft = llama_pair
+    drafter = ModelDrafter(draft)
+    committed = [5, 17, 33, 8, 21, 2]
+    drafter.start(torch.tensor(committed))
+    drafter.begin_step(committed[-1])
+    drafter.accept(DraftTree.root(committed[-1]), Acceptance([0], [], 9))  # a plain step
+    committed = committed + [9]
+    drafter.begin_step(committed[-1])
+    assert drafter.catch_up() is True
+    assert drafter.lm.cache.length == len(committed) - 1 and drafter.pending == [committed[-1]]
+    assert drafter.catch_up() is False  # nothing left to forward apart
+    root_log_p = drafter.expand(DraftTree.root(committed[-1]), torch.tensor([0]))
+    torch.testing.assert_close(root_log_p[0], torch.log_softmax(fresh_logits(draft, committed), -1), atol=1e-4, rtol=1e-4)
+    drafter.accept(DraftTree.root(committed[-1]), Acceptance([0], [], 4))
+    committed = committed + [4]
+    for step in range(2):  # plain steps after a drafted one: their tokens wait for the next first expand
+        drafter.begin_step(committed[-1])
+        drafter.accept(DraftTree.root(committed[-1]), Acceptance([0], [], 11 + step))
+        committed = committed + [11 + step]
+    drafter.begin_step(committed[-1])
+    assert drafter.catch_up() is False and drafter.catch_up_tokens == 2  # the plain steps' tokens
+    root_log_p = drafter.expand(DraftTree.root(committed[-1]), torch.tensor([0]))
+    assert drafter.lm.cache.length == len(committed)
+    torch.testing.assert_close(root_log_p[0], torch.log_softmax(fresh_logits(draft, committed), -1), atol=1e-4, rtol=1e-4)

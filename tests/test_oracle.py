@@ -114,3 +114,7 @@ def test_the_loop_tells_the_controller_the_drafters_catch_up_and_the_tokens_left
                                                  catches_up=drafter_kind == "model")
     if drafter_kind == "model":  # plain steps did leave tokens to catch up
         assert {caught for caught, _ in controller.asked} > {0}
+    # design 23: only the first drafted step's catch-up (the prompt, and plain steps' tokens before it) runs apart
+    first_drafted = next(i for i, budget in enumerate(controller.budgets) if budget > 1)
+    assert controller.caught_up_apart == [drafter_kind == "model" and i == first_drafted
+                                          for i in range(len(controller.budgets))]

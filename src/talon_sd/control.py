@@ -381,6 +381,35 @@ Design ("Improvement" marks where this goes past the obvious recipe)
    (``--seeds 32``): all 0.994 either way (mt_bench 0.988 -> 0.991, alpaca 0.976 -> 0.974, humaneval 0.995 ->
    0.992); a margin of 0 loses there (all 0.990, qa 0.988: the rung above is then rarely measured).
 
+23. What a float32 run needs to leave plain decoding (a fresh look at the hostile reading, docs/BENCHMARKS.md section
+   5). On the Xeon in float32 the bench's first step (16 nodes) was the run's only drafted step: every later step
+   was plain and every trial was refused, on code too, where a fresh controller gains 1.49x. Three estimates were
+   wrong, each from too little data, and plain decoding never gathers more: (a) the catch-up curve, measured once
+   at a 64-token bucket, was flat below it, so the one token of a plain step was charged as a whole prompt (0.4-1.6
+   s): now a catch-up below the smallest bucket measured costs in proportion to its tokens; (b) the first draft
+   forward of that step carried the prompt, so it was left out of the width table and draft(1) was read off the
+   width-4 forward (0.23 s against 0.11 s): now the drafter runs a prompt's catch-up as a forward of its own
+   (:meth:`talon_sd.drafters.Drafter.catch_up`; a draft LM's prefill ran apart anyway, so it costs nothing) and the
+   loop times it apart (``StepRecord.catch_up_seconds``), which also gives the catch-up curve exact samples; (c) the
+   predicted rate of design 12 took each probe's tree shape from steps drafted on other text (chat: 2 forwards where
+   code runs 8): now those steps are blended with a chain estimate, a chain of one-node forwards that holds the
+   next token as often as the draft's top-1 child did at that confidence (:class:`Predictability`, ``top``), weighted
+   as :data:`SHAPE_PRIOR_STEPS` (1) step, so old steps from other text count for little. In tests/test_control.py's
+   float32 worlds: chat then code with 200-token prompts, 1.007 -> 1.031 of plain (6 of 8 seeds draft on code, 2
+   before); design 12's chat/code test 0.982 / 1.029 -> 0.986 / 1.042 of plain. Tried first: the chain bound of
+   the tree's own follow (not the top-1's), alone or as the larger of the two: code 1.08 but chat 0.957-0.964 of
+   plain (it promised chat trees that never came).
+
+24. No exploration near a sequence's end (``explore_min_tokens``, 32). Trials, lean steps and cost refreshes run only
+   while the sequence is expected to commit at least 32 more tokens (design 9's estimate, capped by the tokens
+   left): what they learn is used over the rest of the request, and a 3-10-step QA answer cannot repay a 2-step
+   trial of a larger tree (qa, sweep 19: 0.89 of the best fixed N, trials and leans on a fifth of its steps). A
+   due trial waits ("trial-short") and starts in the next long sequence. Replay of sweep 13's trees
+   (``--seeds 32``, mean, 0 -> 32): qa 1.004 -> 1.015 of the best of N = 8 / 16 / 24, mt_bench 0.991 -> 0.995,
+   humaneval 0.990 -> 0.996, alpaca 0.967 -> 0.963, all 0.993 -> 0.996; ``controller_scenarios.py --seeds 48 --set
+   initial_budget=16``: medians level (real-pair-like chat 0.972 either way, code 0.960 -> 0.966), the worst chat
+   seed lower (0.918 -> 0.857). 16 and 24 read alike.
+
 Not modelled: keep_growing looks one layer ahead;
 a step stopped early by keep_growing is taken to be what every larger budget would have built (true
 up to keep_growing's own dependence on the budget).
@@ -411,6 +440,7 @@ OWN_CONFIDENCES = 4  # a large catch-up waits for this many of the sequence's ow
 CATCH_UP_MARGIN = 2.0  # ... when the carried rate pays it back less than this many times over (design 14)
 FOLLOW_PRIOR_SHARE = 0.5  # prior: a tree catches this share of what the draft's top-1 misses (design 12)
 ANCHOR_GAP = 0.1  # below the anchor, a candidate this much faster needs no paired test (design 19)
+SHAPE_PRIOR_STEPS = 1.0  # the chain bound's weight, in steps, beside drafted steps in a predicted rate (design 23)
 RECENT_SAMPLES = 3  # a cost curve's size keeps at least its newest 3 samples in the fit (design 21)
 LEAN_FLOOR = 8  # a drafted choice below this leans to the first candidate >= it (or initial_budget if less; design 17)
 CHILD_PRIOR_SHARE = 0.7  # prior: an accepted, expanded node has one of its drafted children accepted 70% of the time
@@ -430,6 +460,7 @@ REASONS = {
     "trial-dominated": "a trial was due but no probe could beat the choice: counted lost (design 3)",
     "trial-unpredictable": "a trial from plain was due but the recent text predicts no probe wins (design 12)",
     "trial-postponed": "a trial was due but the probe's last trials lost more than the rest affords (design 11)",
+    "trial-short": "a trial was due but the sequence is expected to end within explore_min_tokens tokens (design 24)",
 }
 
 
@@ -486,6 +517,9 @@ class StepRecord:
                           add): a larger budget would have given the same tree
     confidence            [A + 1] the target's top-1 probability at the root and at each accepted node, i.e.
                           before each committed token (design 12); () when the loop does not report it
+    catch_up_seconds      seconds of a catch-up the drafter ran as a forward of its own before the first draft
+                          forward, which then forwarded the root alone (design 23); None: none ran apart (the
+                          first forward carries any catch-up)
     """
 
     node_log_p: tuple[float, ...]
@@ -499,6 +533,7 @@ class StepRecord:
     budget: int
     complete: bool
     confidence: tuple[float, ...] = ()
+    catch_up_seconds: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("node_log_p", "node_parent", "accepted", "forward_widths", "prefix_after_forward",
@@ -532,6 +567,9 @@ class StepRecord:
                 raise ValueError(f"StepRecord.{name}: got {getattr(self, name)!r}, expected finite seconds >= 0")
         if not all(_is_seconds(s) for s in self.draft_seconds):
             raise ValueError("StepRecord.draft_seconds: expected finite seconds >= 0")
+        if self.catch_up_seconds is not None and (not _is_seconds(self.catch_up_seconds) or not forwards):
+            raise ValueError(f"StepRecord.catch_up_seconds: got {self.catch_up_seconds!r}, expected None or finite "
+                             "seconds >= 0 before a step's first draft forward")
         if not 1 <= size <= self.budget:
             raise ValueError(f"StepRecord.budget: a tree of {size} nodes cannot come from budget {self.budget}")
         if not self.complete and size != self.budget:
@@ -658,6 +696,8 @@ class ControllerSettings:
                             runs one step once this many steps ran after its last one (its verify cost
                             re-measured); the verify curve fits each size from its samples of the last twice
                             this many steps, at least its newest RECENT_SAMPLES (0: neither; design 21)
+    explore_min_tokens      trials, lean steps and cost refreshes run only while the sequence is expected to commit at
+                            least this many more tokens (design 24; 0: always)
     dominance_margin        skip a probe whose optimistic rate is below (1 - margin) x the current rate
     cost_samples            recent samples kept per size in each cost curve
     calibration_edges       bin edges of cumulative draft log p, from 0.0 down (the last bin goes to -inf)
@@ -723,6 +763,7 @@ class ControllerSettings:
     anchor_z: float = 1.0
     anchor_gap_steps: int = 8
     cost_refresh_interval: int = 16
+    explore_min_tokens: int = 32
 
     def __post_init__(self) -> None:
         for name in ("allow_plain", "early_stop", "predict_trials"):
@@ -739,7 +780,7 @@ class ControllerSettings:
         for name, low in (("window", 1), ("min_steps", 1), ("plain_probe_budget", 2), ("probe_steps", 1),
                           ("probe_levels", 1), ("min_probe_interval", 1), ("cost_samples", 1),
                           ("plain_refresh_interval", 0), ("release_steps", 1), ("confidence_window", 1),
-                          ("anchor_gap_steps", 0), ("cost_refresh_interval", 0)):
+                          ("anchor_gap_steps", 0), ("cost_refresh_interval", 0), ("explore_min_tokens", 0)):
             _check_int(name, getattr(self, name), low, f"an integer >= {low}")
         if self.min_steps > self.window:
             raise bad_argument("min_steps", self.min_steps, f"at most window={self.window}")
@@ -1003,13 +1044,19 @@ class Predictability:
         self.decay, self.strength = decay, prior_strength
         lows = (0.0,) + CONFIDENCE_EDGES
         highs = CONFIDENCE_EDGES + (1.0,)
-        self.prior = [m + FOLLOW_PRIOR_SHARE * (1.0 - m) for m in ((a + b) / 2 for a, b in zip(lows, highs))]
+        middles = [(a + b) / 2 for a, b in zip(lows, highs)]
+        self.prior = [m + FOLLOW_PRIOR_SHARE * (1.0 - m) for m in middles]
+        self.top_prior = middles  # prior of a chain: the draft's top-1 is the target's as often as the target is sure
         self.seen = [0.0] * len(self.prior)  # decayed expanded positions per bin
         self.held = [0.0] * len(self.prior)  # ... whose next committed token was in the tree
+        self.held_top = [0.0] * len(self.prior)  # ... whose next committed token was the draft's top-1 child there
         self.follow_table = list(self.prior)
+        self.top_follow_table = list(self.top_prior)
 
-    def follow(self, q: float) -> float:
-        return self.follow_table[bisect_right(CONFIDENCE_EDGES, q)]
+    def follow(self, q: float, top: bool = False) -> float:
+        """P(the tree holds the next committed token | the target's top-1 probability q); ``top``: P(the draft's
+        top-1 child is that token), what a chain of one-node forwards holds (design 23)."""
+        return (self.top_follow_table if top else self.follow_table)[bisect_right(CONFIDENCE_EDGES, q)]
 
     def observe(self, record: StepRecord) -> None:
         if not record.confidence:
@@ -1017,25 +1064,35 @@ class Predictability:
         self.recent.extend(record.confidence)
         if not record.forward_widths:
             return
-        for counts in (self.seen, self.held):
+        for counts in (self.seen, self.held, self.held_top):
             for i in range(len(counts)):
                 counts[i] *= self.decay
         expanded = set(fully_expanded_positions(record))
+        best_child: dict[int, int] = {}  # parent -> its child of highest draft log p (the first of equals)
+        for child in range(1, record.size):
+            parent = record.node_parent[child]
+            if parent not in best_child or record.node_log_p[child] > record.node_log_p[best_child[parent]]:
+                best_child[parent] = child
         path = (0,) + record.accepted
         for depth, (node, q) in enumerate(zip(path, record.confidence)):
             if node in expanded:  # the draft had its chance at the next token
                 b = bisect_right(CONFIDENCE_EDGES, q)
                 self.seen[b] += 1.0
-                self.held[b] += depth < len(record.accepted)
+                held = depth < len(record.accepted)
+                self.held[b] += held
+                self.held_top[b] += held and best_child.get(node) == path[depth + 1]
         s = self.strength
         self.follow_table = [(hit + s * prior) / (n + s) for hit, n, prior in zip(self.held, self.seen, self.prior)]
+        self.top_follow_table = [(hit + s * prior) / (n + s)
+                                 for hit, n, prior in zip(self.held_top, self.seen, self.top_prior)]
 
-    def chain_tokens(self, forwards: int, last: int | None = None) -> list[float]:
+    def chain_tokens(self, forwards: int, last: int | None = None, top: bool = False) -> list[float]:
         """[forwards + 1] expected committed tokens of a chain of 0 .. forwards draft forwards, averaged over
         the recent positions (the ``last`` ones only, if given) as starting points (past the window's end,
-        its mean follow); [] when empty."""
+        its mean follow); [] when empty. Each forward holds the next token with the tree's follow(q) (a tree
+        of the steps' own shape), or with ``top`` the draft's top-1 follow (a chain of one-node forwards)."""
         recent = list(self.recent)[-last:] if last else self.recent
-        follows = [self.follow(q) for q in recent]
+        follows = [self.follow(q, top) for q in recent]
         if not follows:
             return []
         mean = sum(follows) / len(follows)
@@ -1202,10 +1259,12 @@ class BudgetController:
             self._choose()
             budget, self._reason = self._choice, "choice"
             plain_due = self._plain_due()
-            refresh = None if plain_due else self._refresh_due()
+            # design 24: a sequence about to end cannot use what exploring would learn
+            short = expected is not None and expected < self.settings.explore_min_tokens
+            refresh = None if plain_due or short else self._refresh_due()
             if refresh is not None and not self._worth_catching_up(refresh, catch_up, expected):
                 refresh = None
-            lean = None if plain_due or refresh is not None else self._lean()
+            lean = None if plain_due or short or refresh is not None else self._lean()
             # a lean needs the choice and the rung to pass the catch-up test (an untrusted rung passes it: no rate);
             # otherwise the choice's own test decides below (designs 6, 14)
             if lean is not None and not all(self._worth_catching_up(k, catch_up, expected) for k in (budget, lean)):
@@ -1222,7 +1281,7 @@ class BudgetController:
                 self._next_trial = max(self._next_trial, self._step + self._interval)  # the lean is the probe
             else:
                 if (self._step >= self._next_trial or self._predicted_win()) and budget < self.candidates[-1]:
-                    blocked = self._trial_blocked(catch_up, expected)
+                    blocked = "trial-short" if short else self._trial_blocked(catch_up, expected)
                     if blocked is None:
                         budget = self._start_trial(catch_up, expected)  # sets the reason
                     else:
@@ -1282,13 +1341,17 @@ class BudgetController:
         # 1. costs
         self.verify_cost.add(record.size, record.verify_seconds)
         self.overhead_cost.add(forwards, record.other_seconds)
-        catching_up = self._previous_plain or self._catch_up_tokens > 0
+        apart = record.catch_up_seconds  # design 23: a catch-up timed apart leaves the first forward clean
+        catching_up = (self._previous_plain or self._catch_up_tokens > 0) and apart is None
         for j, (width, seconds) in enumerate(zip(record.forward_widths, record.draft_seconds)):
             if j > 0 or not catching_up:  # the first forward after a plain step also catches up
                 self.draft_cost.add(width, seconds)
         if forwards > 0 and self._catch_up_tokens > 0:  # what the catch-up cost on top of that forward
-            self.draft_cost.refit()
-            extra = max(record.draft_seconds[0] - self.draft_cost(record.forward_widths[0]), 0.0)
+            if apart is None:
+                self.draft_cost.refit()
+                extra = max(record.draft_seconds[0] - self.draft_cost(record.forward_widths[0]), 0.0)
+            else:
+                extra = apart
             bucket = _bucket(self._catch_up_tokens)
             self.catch_up_cost.add(bucket, extra * bucket / self._catch_up_tokens)
         for curve in (self.verify_cost, self.draft_cost, self.overhead_cost, self.catch_up_cost):
@@ -1318,7 +1381,8 @@ class BudgetController:
             self._branch_added = decay * self._branch_added + record.size - record.prefix_after_forward[0]
             self._branch_width = decay * self._branch_width + sum(record.forward_widths[1:])
         # 3. bookkeeping
-        seconds, keep = sum(record.draft_seconds) + record.verify_seconds + record.other_seconds, self._exploration_keep
+        seconds = sum(record.draft_seconds) + (apart or 0.0) + record.verify_seconds + record.other_seconds
+        keep = self._exploration_keep
         self._observed_seconds = keep * self._observed_seconds + seconds
         self._lost_seconds *= keep
         if self._trial_left > 0 and self._trial_reference:  # what the trial step cost against the choice
@@ -1428,34 +1492,35 @@ class BudgetController:
 
     def _predicted_rate(self, budget: int, last: int | None = None) -> float | None:
         """rate(budget) on text like the last ``confidence_window`` committed tokens (design 12), None without
-        confidences. With drafted steps that inform ``budget`` (from any text: the tree's shape and cost
-        hardly depend on it), their weighted mean of chain_tokens(F) over their weighted mean seconds (F: the
-        forwards each would have run); without, the bound max over F < budget of chain_tokens(F) /
-        (overhead(F) + F draft(1) + verify(budget)). ``last``: replay only the last that many confidences."""
+        confidences. Over the drafted steps that inform ``budget``, their weighted mean of chain_tokens(F) over
+        their weighted mean seconds (F: the forwards each would have run), blended with the bound max over F <
+        budget of chain_tokens(F) / (overhead(F) + F draft(1) + verify(budget)) as a prior of
+        :data:`SHAPE_PRIOR_STEPS` steps (design 23): a TALON tree's shape follows the text (deep and narrow where
+        the target is confident), so one old step drafted on chat, two forwards where code runs eight, is little
+        evidence; alone it kept a float32 run on plain decoding through every code prompt. ``last``: replay only
+        the last that many confidences."""
         tokens = self.predictability.chain_tokens(budget - 1, last)
         if not tokens:
             return None
-        samples = self._samples[self._index_of[budget]]
-        if samples:
-            index, verify, overhead = self._index_of[budget], self._verify_table, self._overhead_table
-            weight = expected = seconds = 0.0
-            for sample in samples:
-                if sample.stamp != self._version:
-                    self._prepare(sample)
-                _, size, forwards = sample.outcomes[index]
-                weight += sample.weight
-                expected += sample.weight * tokens[min(forwards, budget - 1)]
-                seconds += sample.weight * (overhead[forwards] + sample.cumulative_draft[forwards] + verify[size])
-            if weight > 0 and seconds > 0:
-                return expected / seconds
-        verify, draft = self._verify(budget), self._draft(1)
-        best = 0.0
+        chain, verify, draft = self.predictability.chain_tokens(budget - 1, last, top=True), self._verify(budget), self._draft(1)
+        bound = 0.0
         for forwards in range(1, budget):
             seconds = self._overhead(forwards) + forwards * draft + verify
             if seconds <= 0:
                 return math.inf
-            best = max(best, tokens[forwards] / seconds)
-        return best
+            bound = max(bound, chain[forwards] / seconds)
+        index, verify_table, overhead = self._index_of[budget], self._verify_table, self._overhead_table
+        weight = expected = seconds = 0.0
+        for sample in self._samples[index]:
+            if sample.stamp != self._version:
+                self._prepare(sample)
+            _, size, forwards = sample.outcomes[index]
+            weight += sample.weight
+            expected += sample.weight * tokens[min(forwards, budget - 1)]
+            seconds += sample.weight * (overhead[forwards] + sample.cumulative_draft[forwards] + verify_table[size])
+        if weight <= 0 or seconds <= 0:
+            return bound
+        return (weight * expected / seconds + SHAPE_PRIOR_STEPS * bound) / (weight + SHAPE_PRIOR_STEPS)
 
     def _probe_rungs(self) -> list[int]:
         """From plain decoding, the probes of the levels up to the current one (design 3a)."""
@@ -1494,7 +1559,9 @@ class BudgetController:
         before any catch-up was measured: then drafting is judged as before design 6)."""
         if tokens <= 0 or not self.catch_up_cost.samples:
             return 0.0
-        bucket, top = _bucket(tokens), max(self.catch_up_cost.samples)
+        bucket, bottom, top = _bucket(tokens), min(self.catch_up_cost.samples), max(self.catch_up_cost.samples)
+        if bucket < bottom:  # below the smallest bucket measured, in proportion to tokens (design 23): a flat curve
+            return self.catch_up_cost(bottom) * tokens / bottom  # charged one plain step's token as a whole prompt
         seconds = self.catch_up_cost(bucket)
         if bucket > top:  # past the largest bucket measured, at least linear in tokens (a flat curve would
             seconds = max(seconds, self.catch_up_cost(top) * bucket / top)  # charge 700 tokens as 128, design 14)

@@ -148,6 +148,7 @@ class Forwards:
     widths: list[int] = field(default_factory=list)
     seconds_each: list[float] = field(default_factory=list)
     sizes_before: list[int] = field(default_factory=list)  # tree size when each forward was asked for
+    catch_up_seconds: float | None = None  # a catch-up forward run apart before the first (Drafter.catch_up)
 
     @property
     def count(self) -> int:
@@ -155,17 +156,22 @@ class Forwards:
 
     @property
     def seconds(self) -> float:
-        return sum(self.seconds_each)
+        """All draft seconds of the step, a separate catch-up included."""
+        return sum(self.seconds_each) + (self.catch_up_seconds or 0.0)
 
 
 class _DraftClock:
-    """Wraps ``drafter.expand`` to record every draft forward of the step."""
+    """Wraps ``drafter.expand`` to record every draft forward of the step (and, before the first, a catch-up
+    the drafter runs as a forward of its own: :meth:`talon_sd.drafters.Drafter.catch_up`)."""
 
     def __init__(self, drafter: Drafter | None) -> None:
         self.drafter, self.step = drafter, Forwards()
 
     def expand(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
         started = time.perf_counter()
+        if not self.step.widths and self.drafter.catch_up():  # the catch-up as a forward of its own, timed apart
+            self.step.catch_up_seconds = time.perf_counter() - started
+            started = time.perf_counter()
         log_p_draft = self.drafter.expand(tree, nodes)  # [F, V]
         self.step.seconds_each.append(time.perf_counter() - started)
         self.step.widths.append(int(nodes.numel()))
@@ -227,4 +233,5 @@ def step_record(builder: TreeBuilder, tree: DraftTree, acceptance: Acceptance, f
         budget=budget,
         complete=tree.size < budget,
         confidence=confidence,
+        catch_up_seconds=forwards.catch_up_seconds,
     )

@@ -34,6 +34,14 @@ class Drafter(ABC):
     def begin_step(self, root_token: int) -> None:
         """A verify step starts from ``root_token``, the last committed token."""
 
+    def catch_up(self) -> bool:
+        """Before a step's first :meth:`expand`: forward, as a forward of its own, every committed token that
+        expand would otherwise also forward (all but the root), where that costs no extra forward (a draft
+        LM's prompt prefill, which runs apart from the root's forward anyway). True when it did: the first
+        expand then forwards the root alone, so the loop can time the catch-up and the root's forward apart
+        (:mod:`talon_sd.control` design 23). The default does nothing and returns False."""
+        return False
+
     @abstractmethod
     def expand(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
         """Log-probabilities ``[F, V_target]`` of the children of ``nodes`` [F] of ``tree`` (one draft forward)."""

@@ -15,7 +15,7 @@ class ModelDrafter(Drafter):
 
         [ committed prefix, root included | forwarded tree nodes, in the order they were expanded ]
 
-    ``start`` only resets the cache: the prompt is prefilled by the generation's first ``expand`` (an
+    ``start`` only resets the cache: the prompt is prefilled by the generation's first ``catch_up`` or ``expand`` (an
     online budget that runs plain steps only, on hardware where drafting does not pay, never pays the
     draft's prefill either). The first ``expand`` of a step forwards the committed tokens not yet in the cache (the root,
     plus any accepted tokens that were never forwarded, plus every token of steps that drafted
@@ -55,6 +55,13 @@ class ModelDrafter(Drafter):
         if not self.pending or self.pending[-1] != int(root_token):
             raise RuntimeError("ModelDrafter: the step's root is not the last committed token")
         self.slot_nodes, self.drafted = [], False
+
+    def catch_up(self):
+        if self.prefilled or self.drafted or len(self.pending) < 2:
+            return False
+        self.lm.prefill(torch.tensor(self.pending[:-1], dtype=torch.long))  # the prompt (and plain steps' tokens)
+        self.pending, self.prefilled = self.pending[-1:], True
+        return True
 
     def expand(self, tree, nodes):
         if not self.drafted:  # first forward of the step: the committed tokens not in the cache yet, root last
