@@ -410,6 +410,15 @@ Design ("Improvement" marks where this goes past the obvious recipe)
    initial_budget=16``: medians level (real-pair-like chat 0.972 either way, code 0.960 -> 0.966), the worst chat
    seed lower (0.918 -> 0.857). 16 and 24 read alike.
 
+25. A large catch-up waits for the new text's own confidences. Design 14 let a carried drafted choice pay the draft's
+   catch-up over a new prompt at once when the last sequences' rate paid it back twice over; after code that rate is
+   high, and the float32 reading at temperature 1 (docs/BENCHMARKS.md section 5) paid a 700-token prompt's catch-up
+   (about 3.5 s) on sum, whose text drafts poorly: 0.93x of ar over 64 tokens. A catch-up above ``trial_cost_share``
+   of the rest's plain seconds (what a trial may spend) now also waits for :data:`OWN_CONFIDENCES` of the sequence's
+   own target confidences, whose predicted rate then bounds the carried one. In bf16 on the Xeon a prompt's catch-up
+   stays under that share, so this does not act there. tests/test_control.py: code, then news with a 700-token
+   prompt: the first 4 steps plain, then at least 0.97 of plain decoding.
+
 Not modelled: keep_growing looks one layer ahead;
 a step stopped early by keep_growing is taken to be what every larger budget would have built (true
 up to keep_growing's own dependence on the budget).
@@ -1586,10 +1595,12 @@ class BudgetController:
         plain, drafted = self._plain_rate(), self._rates.get(budget)
         if catch_up <= 0 or expected is None or plain is None or drafted is None or not self.settings.allow_plain:
             return True
+        large = catch_up > self.settings.trial_cost_share * expected / plain  # design 25: more than a trial may pay
         if (self.settings.predict_trials and not self._own_outcomes and self.predictability.recent
-                and CATCH_UP_MARGIN * catch_up > _seconds_saved(expected, plain, drafted)):
+                and (large or CATCH_UP_MARGIN * catch_up > _seconds_saved(expected, plain, drafted))):
             # design 14: a catch-up that the last sequences' rate would not pay back twice over waits for the
-            # target's confidence on this sequence's own text to predict the rate
+            # target's confidence on this sequence's own text to predict the rate; design 25: so does one larger
+            # than a trial's share of the rest, however well the last sequences' text drafted
             if self._sequence_confidences < OWN_CONFIDENCES:
                 return False
             drafted = min(drafted, self._predicted_rate(budget, self._sequence_confidences) or drafted)
