@@ -1068,7 +1068,9 @@ def test_a_drafted_choice_that_only_plain_steps_ran_runs_itself_before_a_trial()
     # opens with that choice, not with a trial above it (design 11b): the trial would be judged against a
     # rate learned on other text. Without the rule half of these seeds opened with a trial of 20-32 nodes.
     verify = measured_curve(CPU_FACTS_MS["bf16"])
-    code = World(verify=verify, draft=lambda width: 0.3 * verify(width), other=0.005, catch_up=0.002, **CODE)
+    # a draft forward costs 2 ms more a row, as a catch-up does a token (design 26 caps a catch-up by the width curve)
+    code = World(verify=verify, draft=lambda width: 0.3 * verify(width) + 0.002 * width, other=0.005, catch_up=0.002,
+                 **CODE)
     for seed in range(6):
         controller = BudgetController(ControllerSettings())
         simulate(code, None, controller, seed=seed, prompt=50, tokens=128)
@@ -1220,3 +1222,16 @@ def test_a_catch_up_larger_than_a_trials_share_waits_for_the_new_texts_own_confi
         assert run.budgets[:OWN_CONFIDENCES] == [1] * OWN_CONFIDENCES, run.budgets[:8]
         ratios.append(run.rate() / plain.rate())
     assert min(ratios) >= 0.97, ratios
+
+
+def test_a_catch_up_costs_at_most_its_rows_of_a_draft_forward_near_the_widths_measured():
+    # Design 26: one inflated catch-up sample (the draft's first, cold forward) priced every later catch-up of a
+    # float32 run too high to ever try a tree. Widths 1, 3 and 4 cost 0.2, 0.3 and 0.4 s (0.1 s a row past 4);
+    # a 50-token catch-up took 5 s (6.4 s at the 64-token bucket). Up to 4 x the widest forward (16 tokens) a
+    # catch-up costs at most draft(tokens + 1) - draft(1); further out the curve's own price stands.
+    controller = BudgetController(ControllerSettings())
+    controller.next_budget(catch_up_tokens=50, tokens_left=128)
+    controller.observe(dataclasses.replace(talon_record(), catch_up_seconds=5.0))
+    assert controller._catch_up_seconds(8) == pytest.approx(min(6.4 * 8 / 64, 0.4 + 5 * 0.1 - 0.2))
+    assert controller._catch_up_seconds(16) == pytest.approx(0.4 + 13 * 0.1 - 0.2)
+    assert controller._catch_up_seconds(17) == pytest.approx(6.4 * 17 / 64)

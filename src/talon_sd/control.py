@@ -419,6 +419,14 @@ Design ("Improvement" marks where this goes past the obvious recipe)
    stays under that share, so this does not act there. tests/test_control.py: code, then news with a 700-token
    prompt: the first 4 steps plain, then at least 0.97 of plain decoding.
 
+26. A catch-up costs at most ``tokens`` more rows of a draft forward (:meth:`BudgetController._catch_up_seconds`). The
+   catch-up curve is sampled only when a catch-up is paid, and its first sample is the draft's first forward of the
+   process (cold); in the float32 bench after design 25 that one sample (from the 8-token warm-up) kept every trial
+   of all requests blocked ("trial-catch-up" from the first step on). The width curve, measured every drafted step
+   and extrapolated linearly past its widest forward, bounds it, draft(tokens + 1) - draft(1), for catch-ups up to
+   4x the widest forward measured (further out the extrapolation is a guess: in tests/test_control.py's bf16 world
+   it priced a 700-token prompt at 0.6-1.0 s against 1.4 s, and 12-token answers paid it).
+
 Not modelled: keep_growing looks one layer ahead;
 a step stopped early by keep_growing is taken to be what every larger budget would have built (true
 up to keep_growing's own dependence on the budget).
@@ -1570,11 +1578,20 @@ class BudgetController:
             return 0.0
         bucket, bottom, top = _bucket(tokens), min(self.catch_up_cost.samples), max(self.catch_up_cost.samples)
         if bucket < bottom:  # below the smallest bucket measured, in proportion to tokens (design 23): a flat curve
-            return self.catch_up_cost(bottom) * tokens / bottom  # charged one plain step's token as a whole prompt
-        seconds = self.catch_up_cost(bucket)
-        if bucket > top:  # past the largest bucket measured, at least linear in tokens (a flat curve would
-            seconds = max(seconds, self.catch_up_cost(top) * bucket / top)  # charge 700 tokens as 128, design 14)
-        return seconds * tokens / bucket
+            seconds = self.catch_up_cost(bottom) * tokens / bottom  # charged one plain step's token as a whole prompt
+        else:
+            seconds = self.catch_up_cost(bucket)
+            if bucket > top:  # past the largest bucket measured, at least linear in tokens (a flat curve would
+                seconds = max(seconds, self.catch_up_cost(top) * bucket / top)  # charge 700 tokens as 128, design 14)
+            seconds *= tokens / bucket
+        # design 26: at most what the width curve says ``tokens`` more rows of a draft forward cost. The catch-up
+        # curve is measured only when a catch-up is paid, and its first sample is the draft's first forward ever
+        # (cold: 2-4x); the width curve is measured every drafted step
+        if len(self.draft_cost.samples) >= 2 and tokens <= 4 * max(self.draft_cost.samples):  # not far past it
+            rows = self.draft_cost(tokens + 1) - self.draft_cost(1)
+            if rows > 0:
+                seconds = min(seconds, rows)
+        return seconds
 
     def _expected_tokens_left(self, tokens_left: int | None) -> float | None:
         """Tokens the sequence is expected to still commit: ``tokens_left`` capped by the median of what the
