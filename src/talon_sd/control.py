@@ -1498,13 +1498,18 @@ class BudgetController:
         if budget == 1:
             rate = self._plain_rate()
             return math.inf if rate is None else rate
+        return self._best_chain_rate(budget, range(1, budget + 1))
+
+    def _best_chain_rate(self, budget: int, tokens: Sequence[float]) -> float:
+        """max over F < budget of tokens[F] / (overhead(F) + F draft(1) + verify(budget)): the best rate of a chain of
+        F one-node forwards that commits tokens[F] (inf where the costs read 0)."""
         verify, draft = self._verify(budget), self._draft(1)
         best = 0.0
         for forwards in range(1, budget):
             seconds = self._overhead(forwards) + forwards * draft + verify
             if seconds <= 0:
                 return math.inf
-            best = max(best, (forwards + 1) / seconds)
+            best = max(best, tokens[forwards] / seconds)
         return best
 
     def _predicted_rate(self, budget: int, last: int | None = None) -> float | None:
@@ -1519,13 +1524,9 @@ class BudgetController:
         tokens = self.predictability.chain_tokens(budget - 1, last)
         if not tokens:
             return None
-        chain, verify, draft = self.predictability.chain_tokens(budget - 1, last, top=True), self._verify(budget), self._draft(1)
-        bound = 0.0
-        for forwards in range(1, budget):
-            seconds = self._overhead(forwards) + forwards * draft + verify
-            if seconds <= 0:
-                return math.inf
-            bound = max(bound, chain[forwards] / seconds)
+        bound = self._best_chain_rate(budget, self.predictability.chain_tokens(budget - 1, last, top=True))
+        if math.isinf(bound):
+            return bound
         index, verify_table, overhead = self._index_of[budget], self._verify_table, self._overhead_table
         weight = expected = seconds = 0.0
         for sample in self._samples[index]:

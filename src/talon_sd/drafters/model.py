@@ -57,19 +57,18 @@ class ModelDrafter(Drafter):
         self.slot_nodes, self.drafted = [], False
 
     def catch_up(self):
-        if self.prefilled or self.drafted or len(self.pending) < 2:
+        if self.prefilled or self.drafted:
             return False
-        self.lm.prefill(torch.tensor(self.pending[:-1], dtype=torch.long))  # the prompt (and plain steps' tokens)
+        prefix = self.pending[:-1]  # the prompt (and plain steps' tokens) before the root; empty for a 1-token prompt
+        self.lm.prefill(torch.tensor(prefix, dtype=torch.long))
         self.pending, self.prefilled = self.pending[-1:], True
-        return True
+        return bool(prefix)
 
     def expand(self, tree, nodes):
         if not self.drafted:  # first forward of the step: the committed tokens not in the cache yet, root last
             if nodes.tolist() != [0]:
                 raise RuntimeError("ModelDrafter: the first expand of a step must be the root")
-            if not self.prefilled:  # the generation's first draft forward: the prompt, decoder stack only
-                self.lm.prefill(torch.tensor(self.pending[:-1], dtype=torch.long))
-                self.pending, self.prefilled = self.pending[-1:], True
+            self.catch_up()  # the generation's first draft forward: the prompt, decoder stack only (if not done yet)
             logits = self.lm.forward(torch.tensor(self.pending, device=self.lm.device), last_only=True)  # [1, V_draft]
             self.pending, self.drafted = [], True
             self.prefix_length = self.lm.cache.length
