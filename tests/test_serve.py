@@ -511,6 +511,30 @@ def test_sigterm_stops_the_worker_and_the_process(guarded):
     assert "Traceback" not in guarded.log_text()
 
 
+def test_an_auto_budget_server_continues_what_the_last_one_learned(folders, tmp_path):
+    """At shutdown the server saves its budget controller; the next server on the same machine and models
+    starts from it (its steps go on counting) unless --fresh-controller."""
+    import pickle
+
+    steps = []
+    for run, extra in enumerate(([], [], ["--fresh-controller"])):
+        server = spawn_server(folders, tmp_path, f"auto{run}", "--budget", "auto", *extra).wait_ready()
+        try:
+            reply = httpx.post(f"{server.url}/v1/completions", json={"model": MODEL_NAME, "prompt": "w3 w4 w5 w3 w4",
+                                                                     "max_tokens": 24, "temperature": 0}, timeout=60)
+            assert reply.status_code == 200, reply.text
+        finally:
+            server.stop()
+        assert server.process.returncode in (0, -signal.SIGINT, 130), server.log_text()[-2000:]
+        files = list((tmp_path / "cache" / "controllers").glob("*.pkl"))
+        assert len(files) == 1, server.log_text()[-2000:]
+        memory = pickle.loads(files[0].read_bytes())["memory"]
+        steps.append(memory[("talon", "model", False)]._step)
+        assert ("saved what the budget controller learned" in server.log_text()) == (not extra)
+    assert steps[1] > steps[0]  # the second server went on from the first one's steps
+    assert steps[2] == steps[1]  # --fresh-controller neither read nor wrote the memory
+
+
 # ---------------------------------------------------------------------------------------------- no server
 class _ScriptedEngine:
     """A fake engine: each generation yields "a", " b" once the test sets ``release``."""

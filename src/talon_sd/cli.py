@@ -40,6 +40,13 @@ def add_tree_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--depth", type=int, default=None, help="chain length; eagle draft layers")
 
 
+def add_memory_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--fresh-controller", action="store_true",
+                        help="start the online budget controller afresh, not from what the last run on this machine "
+                             "and model pair learned (kept in the cache folder; read and written only with an auto "
+                             "budget)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="talon", description="Lossless speculative decoding with TALON draft trees.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -55,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     generate.add_argument("--no-chat-template", action="store_true", help="send the prompt as raw text")
     generate.add_argument("--json", action="store_true", help='print one JSON object {"text", "token_ids", "stats"}')
+    add_memory_argument(generate)
     generate.set_defaults(handler=run_generate)
     from .bench.cli import register as register_bench
 
@@ -72,6 +80,7 @@ def run_generate(args: argparse.Namespace) -> int:
     configure_torch(args)
     validate_generate_args(args)
     generator = make_generator(args)
+    memory_key = restore_controller_memory(generator, args)
     stream = generator.stream(
         args.prompt,
         max_new_tokens=args.max_new_tokens,
@@ -87,6 +96,10 @@ def run_generate(args: argparse.Namespace) -> int:
             sys.stdout.write(chunk)
             sys.stdout.flush()
     result = stream.result
+    if memory_key is not None:
+        from .controller_memory import save_memory
+
+        save_memory(generator, memory_key)
     if args.json:
         sys.stdout.write(json.dumps(result.to_dict()) + "\n")
     else:
@@ -157,6 +170,21 @@ def make_generator(args: argparse.Namespace):
         device=args.device, chat_template=not getattr(args, "no_chat_template", False), **controller_start(args, tree),
         cpu_kernels=getattr(args, "cpu_kernels", "auto"),
     )
+
+
+def restore_controller_memory(generator, args: argparse.Namespace) -> dict | None:
+    """Start ``generator``'s auto-budget calls from what the last command on this machine and model pair
+    learned (:mod:`talon_sd.controller_memory`). Returns the memory key to save under at the end, or None
+    (a fixed budget, or ``--fresh-controller``: nothing read, nothing written)."""
+    if not generator.tree_config.auto or getattr(args, "fresh_controller", False):
+        return None
+    from .controller_memory import load_memory, memory_key
+
+    key = memory_key(generator, args.target, args.draft)
+    memory = load_memory(key)
+    if memory is not None:
+        generator.restore_controller_memory(memory)
+    return key
 
 
 def configure_torch(args: argparse.Namespace) -> None:

@@ -27,6 +27,29 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
+def cpu_isa() -> str:
+    """The instruction-set class that decides this CPU's matmul costs: ``amx``, ``avx512_bf16``,
+    ``avx512``, ``avx2`` or ``other`` (``other`` also off Linux, where /proc/cpuinfo is absent)."""
+    try:
+        text = pathlib.Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return "other"
+    return isa_of_cpuinfo(text)
+
+
+def isa_of_cpuinfo(cpuinfo: str) -> str:
+    """:func:`cpu_isa` of a /proc/cpuinfo text (its first ``flags`` line)."""
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[-1].split())
+            for name, needs in (("amx", "amx_bf16"), ("avx512_bf16", "avx512_bf16"), ("avx512", "avx512f"),
+                                ("avx2", "avx2")):
+                if needs in flags:
+                    return name
+            return "other"
+    return "other"
+
+
 def available_cores() -> int:
     """CPU cores this process may run on."""
     try:
@@ -66,6 +89,7 @@ def machine_info() -> dict:
         "platform": platform.platform(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "bf16_native": cpu_has_fast_bfloat16(),
+        "isa": cpu_isa(),
         "load_average": load_average(),
     }
 
@@ -123,8 +147,11 @@ def model_settings(generator) -> dict:
 
 
 def machine_key(device: torch.device | str, threads: int | None = None) -> dict:
-    """What makes timings comparable: CPU model, thread count, device."""
-    return {"cpu": cpu_model(), "threads": threads or torch.get_num_threads(), "device": device_name(device)}
+    """What makes timings comparable: CPU model and instruction-set class (two AMD EPYC kinds of this
+    project's machines share the model name "AMD EPYC", one with AVX512-BF16, one with AVX2 only, and
+    their float32 / bfloat16 costs differ several-fold), thread count, device."""
+    return {"cpu": cpu_model(), "isa": cpu_isa(), "threads": threads or torch.get_num_threads(),
+            "device": device_name(device)}
 
 
 def _weights(model) -> int:

@@ -4,11 +4,14 @@ A profile is one JSON file ``<cache>/profiles/<target>--<draft>--<dtype>--t<temp
 where ``<cache>`` is :func:`talon_sd.models.cache_dir` (``$TALON_SD_CACHE`` or ``~/.cache/talon-sd``)
 and ``<hash>`` hashes the key::
 
-    {"cpu": "<CPU model>", "threads": <torch threads>, "device": "cpu" | "cuda:<GPU name>",
+    {"cpu": "<CPU model>", "isa": "avx2" | "avx512" | "avx512_bf16" | "amx" | "other",
+     "threads": <torch threads>, "device": "cpu" | "cuda:<GPU name>",
      "target": "<model name>", "draft": "<model name>", "dtype": "bfloat16" | "float32" | ...,
      "temperature": 0.0 | <the sampling temperature the acceptance was calibrated at>}
 
-The temperature is part of the key because acceptance is: sampled drafts are accepted far less often
+The instruction-set class is part of the key because one CPU model name ("AMD EPYC") has served both
+an AVX512-BF16 kind and an AVX2-only kind here, whose costs differ several-fold; a profile saved
+before the key had it is not used. The temperature is part of the key because acceptance is: sampled drafts are accepted far less often
 than greedy ones, so the best budget at temperature 1 is not the best greedy budget.
 
 Profile file::

@@ -25,7 +25,7 @@ import hmac
 import json
 import logging
 from dataclasses import dataclass
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -52,8 +52,11 @@ class ServerSettings:
     api_key: str | None = None  # when set, /v1/* requires ``Authorization: Bearer <api_key>``
 
 
-def create_app(scheduler: FifoScheduler, metrics: ServerMetrics, settings: ServerSettings) -> FastAPI:
-    """The app; its lifespan starts the scheduler's worker and stops it (joined) on shutdown."""
+def create_app(scheduler: FifoScheduler, metrics: ServerMetrics, settings: ServerSettings,
+               on_shutdown: Callable[[], None] | None = None) -> FastAPI:
+    """The app; its lifespan starts the scheduler's worker and stops it (joined) on shutdown, then calls
+    ``on_shutdown`` (e.g. saving what the budget controller learned: uvicorn re-raises SIGINT / SIGTERM
+    once it is done, so code after ``uvicorn.run`` would not run)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -61,6 +64,8 @@ def create_app(scheduler: FifoScheduler, metrics: ServerMetrics, settings: Serve
         yield
         stopped = scheduler.stop()
         LOG.info("talon serve: worker %s", "stopped" if stopped else "did not stop in time")
+        if on_shutdown is not None and stopped:  # a worker still running may be changing what would be saved
+            on_shutdown()
 
     app = FastAPI(title="talon-sd", lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None)
     app.add_middleware(_CountResponses, metrics=metrics)

@@ -23,7 +23,7 @@ WARM_UP_TOKENS = 2  # one tiny generation before the port opens, so the first re
 
 def register(commands) -> None:
     """Add ``serve`` and ``bench-serve`` to the ``talon`` subcommands."""
-    from ..cli import add_model_arguments, add_tree_arguments
+    from ..cli import add_memory_argument, add_model_arguments, add_tree_arguments
 
     serve = commands.add_parser("serve", help="OpenAI-compatible HTTP server (batch 1, FIFO queue)")
     add_model_arguments(serve)
@@ -39,6 +39,7 @@ def register(commands) -> None:
     serve.add_argument("--served-model-name", default=None,
                        help="the model name clients send (default: the --target value)")
     serve.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    add_memory_argument(serve)
     serve.set_defaults(handler=run_serve)
 
     bench = commands.add_parser("bench-serve", help="load-test a local talon serve with concurrent streaming clients")
@@ -57,7 +58,8 @@ def register(commands) -> None:
 def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from ..cli import make_generator
+    from ..cli import make_generator, restore_controller_memory
+    from ..controller_memory import save_memory
     from ..models import DEFAULT_TARGET
     from .app import ServerSettings, create_app
     from .engine import BatchOneEngine
@@ -67,6 +69,7 @@ def run_serve(args: argparse.Namespace) -> int:
     _check_serve_args(args)
     log = _serve_logger(args.log_level)
     generator = make_generator(args)
+    memory_key = restore_controller_memory(generator, args)  # what the last run learned (saved again at exit)
     engine = BatchOneEngine(generator, args.max_model_len)
     _warm_up(generator, log)
     metrics = ServerMetrics()
@@ -78,7 +81,12 @@ def run_serve(args: argparse.Namespace) -> int:
              "required" if args.api_key else "off")
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         log.warning("talon serve: listening on %s with no --api-key: anyone who can reach it can use it", args.host)
-    app = create_app(scheduler, metrics, settings)
+
+    def remember() -> None:
+        if memory_key is not None and save_memory(generator, memory_key) is not None:
+            log.info("talon serve: saved what the budget controller learned for the next run")
+
+    app = create_app(scheduler, metrics, settings, on_shutdown=remember)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS)
     return 0
