@@ -5,10 +5,11 @@ A :class:`~talon_sd.generator.SpeculativeGenerator` carries its controllers from
 (:meth:`~talon_sd.generator.SpeculativeGenerator.controller_memory`); ``talon generate`` and ``talon serve``
 run one process per command, so without this file each command would start afresh: first steps at the
 initial budget, trials, plain-step measurements. On the AVX2-only EPYC of issue 11 (float32, where a
-16-node verify costs 2.2x a plain step) that learning made the README's command (1) 0.76-0.91x of plain
-decoding in a fresh process, while the same request run after others in one process read 0.99x
-(docs/BENCHMARKS.md section 5). So the commands save the carried controllers at exit and load them at
-start, for the same:
+16-node verify costs 2.2x a plain step) README command (1) read 0.76x and 0.91x of plain decoding in two
+fresh processes, while requests run after others in one process read 0.99x (docs/BENCHMARKS.md section
+5, which also shows that this memory halved the draft seconds of later processes there but that their
+wall-time ratios stayed within that machine's process-to-process noise). So the commands save the
+carried controllers at exit and load them at start, for the same:
 
     machine (:func:`talon_sd.bench.machine.machine_key`: CPU model and instruction-set class, torch
     threads, device), target, draft, dtype, torch and talon-sd versions

@@ -1,0 +1,73 @@
+"""README command (1) as a user runs it: one fresh ``talon generate`` process per request, side by side.
+
+Each round runs, one after the other on the same prompt, ``--tree ar``, the default (``talon``, budget auto,
+starting from the controller memory of the rounds before: :mod:`talon_sd.controller_memory`) and the
+default with ``--fresh-controller``; prompts alternate between ``--prompts``. The memory is cleared
+before round 1 (so round 1's two talon runs both start afresh). Prints one row per round and the
+medians of rounds 2.. (tok/s include the prefill, as ``talon generate`` reports them).
+
+    python scripts/fresh_processes.py --rounds 6 --max-new-tokens 128 --out /tmp/fresh
+
+Every process loads the models anew (about 20 s, not counted in tok/s); the machine's own drift between
+processes is part of what this measures, so read medians over several rounds, never one row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import shutil
+import statistics
+import subprocess
+import sys
+
+VARIANTS = {"ar": ["--tree", "ar"], "talon": [], "fresh": ["--fresh-controller"]}
+PROMPTS = ("Write a Python function that reverses a string.", "Explain what a hash table is and when to use one.")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--prompts", nargs="+", default=list(PROMPTS))
+    parser.add_argument("--out", required=True, help="folder for each process's --json output")
+    parser.add_argument("--keep-memory", action="store_true", help="do not clear the controller memory first")
+    args = parser.parse_args()
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if not args.keep_memory:
+        from talon_sd.models import cache_dir
+
+        shutil.rmtree(cache_dir() / "controllers", ignore_errors=True)
+    ratios: dict[str, list[float]] = {"talon": [], "fresh": []}
+    print("round | prompt | ar tok/s | talon (memory) tok/s, x ar, steps (plain), draft s "
+          "| talon --fresh-controller tok/s, x ar, steps (plain), draft s")
+    for index in range(1, args.rounds + 1):
+        prompt = args.prompts[(index - 1) % len(args.prompts)]
+        stats = {}
+        for name, flags in VARIANTS.items():
+            path = out / f"round{index}_{name}.json"
+            command = ["talon", "generate", prompt, "--max-new-tokens", str(args.max_new_tokens), "--json", *flags]
+            with open(path, "w") as handle:
+                subprocess.run(command, stdout=handle, stderr=subprocess.DEVNULL, check=True)
+            stats[name] = json.loads(path.read_text())["stats"]
+        plain_rate = stats["ar"]["new_tokens"] / stats["ar"]["seconds_total"]
+        cells = [str(index), str((index - 1) % len(args.prompts) + 1), f"{plain_rate:.2f}"]
+        for name in ("talon", "fresh"):
+            s = stats[name]
+            rate = s["new_tokens"] / s["seconds_total"]
+            if index > 1:
+                ratios[name].append(rate / plain_rate)
+            plain_steps = sum(1 for budget in s["budgets"] if budget == 1)
+            cells.append(f"{rate:.2f}, {rate / plain_rate:.2f}x, {s['target_forwards']} ({plain_steps}), "
+                         f"{s['seconds_draft']:.1f}")
+        print(" | ".join(cells), flush=True)
+    if args.rounds > 1:
+        print(f"median of rounds 2-{args.rounds}: talon (memory) {statistics.median(ratios['talon']):.2f}x ar, "
+              f"talon --fresh-controller {statistics.median(ratios['fresh']):.2f}x ar")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
