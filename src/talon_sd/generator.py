@@ -93,7 +93,8 @@ class SpeculativeGenerator:
     head           an EAGLE-3 head folder loaded beside the draft LM, for calls with ``drafter="eagle3"``
     initial_budget the controller's first budget (e.g. from a ``talon tune`` profile)
     cpu_kernels    float32 linears on CPU: ``packed`` for oneDNN, ``default`` torch's own, ``auto`` whichever
-                   serves one row faster on this CPU, measured per model at load
+                   serves one row faster on this CPU (or packed when nearly as fast on one row and far faster
+                   on four), measured per model at load
                    (:func:`talon_sd.lm.choose_cpu_kernels`); ``self.cpu_kernels`` says what each model runs
     """
 
