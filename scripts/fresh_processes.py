@@ -53,15 +53,19 @@ def main() -> int:
                 subprocess.run(command, stdout=handle, stderr=subprocess.DEVNULL, check=True)
             stats[name] = json.loads(path.read_text())["stats"]
         plain_rate = stats["ar"]["new_tokens"] / stats["ar"]["seconds_total"]
-        cells = [str(index), str((index - 1) % len(args.prompts) + 1), f"{plain_rate:.2f}"]
+        ar_kernels = json.loads((out / f"round{index}_ar.json").read_text()).get("cpu_kernels", {})
+        cells = [str(index), str((index - 1) % len(args.prompts) + 1),
+                 f"{plain_rate:.2f}" + ("" if ar_kernels.get("target") in (None, "packed") else f" [kernels {ar_kernels}]")]
         for name in ("talon", "fresh"):
             s = stats[name]
             rate = s["new_tokens"] / s["seconds_total"]
             if index > 1:
                 ratios[name].append(rate / plain_rate)
             plain_steps = sum(1 for budget in s["budgets"] if budget == 1)
+            kernels = json.loads((out / f"round{index}_{name}.json").read_text()).get("cpu_kernels", {})
+            unpacked = "" if all(v in (None, "packed") for v in kernels.values()) else f" [kernels {kernels}]"
             cells.append(f"{rate:.2f}, {rate / plain_rate:.2f}x, {s['target_forwards']} ({plain_steps}), "
-                         f"{s['seconds_draft']:.1f}")
+                         f"{s['seconds_draft']:.1f}{unpacked}")
         print(" | ".join(cells), flush=True)
     if args.rounds > 1:
         print(f"median of rounds 2-{args.rounds}: talon (memory) {statistics.median(ratios['talon']):.2f}x ar, "

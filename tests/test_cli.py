@@ -43,7 +43,8 @@ def test_json_output_is_exactly_one_object_and_matches_ar(folders, capsys):
         stdout = capsys.readouterr().out
         assert stdout.count("\n") == 1
         payload = json.loads(stdout)
-        assert set(payload) == {"text", "token_ids", "finish_reason", "stop_reason", "stats"}
+        assert set(payload) == {"text", "token_ids", "finish_reason", "stop_reason", "stats", "cpu_kernels"}
+        assert payload["cpu_kernels"]["target"] == "packed"  # as pinned by generate()
         assert payload["stats"]["new_tokens"] == len(payload["token_ids"]) > 0
         outputs[tree] = payload["token_ids"]
     assert outputs["talon"] == outputs["ar"] == outputs["eagle"]

@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--seed", type=int, default=None)
     generate.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     generate.add_argument("--no-chat-template", action="store_true", help="send the prompt as raw text")
-    generate.add_argument("--json", action="store_true", help='print one JSON object {"text", "token_ids", "stats"}')
+    generate.add_argument("--json", action="store_true", help='print one JSON object {"text", "token_ids", "stats", "cpu_kernels", ...}')
     add_memory_argument(generate)
     generate.set_defaults(handler=run_generate)
     from .bench.cli import register as register_bench
@@ -102,7 +102,7 @@ def run_generate(args: argparse.Namespace) -> int:
 
         save_memory(generator, memory_key)
     if args.json:
-        sys.stdout.write(json.dumps(result.to_dict()) + "\n")
+        sys.stdout.write(json.dumps({**result.to_dict(), "cpu_kernels": generator.cpu_kernels}) + "\n")
     else:
         sys.stdout.write("\n")
         print(result.stats.summary(), file=sys.stderr)
