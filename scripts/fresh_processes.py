@@ -61,7 +61,7 @@ def main() -> int:
             rate = s["new_tokens"] / s["seconds_total"]
             if index > 1:
                 ratios[name].append(rate / plain_rate)
-            plain_steps = sum(1 for budget in s["budgets"] if budget == 1)
+            plain_steps = s["budget_hist"].get("1", 0)
             kernels = json.loads((out / f"round{index}_{name}.json").read_text()).get("cpu_kernels", {})
             unpacked = "" if all(v in (None, "packed") for v in kernels.values()) else f" [kernels {kernels}]"
             cells.append(f"{rate:.2f}, {rate / plain_rate:.2f}x, {s['target_forwards']} ({plain_steps}), "
