@@ -247,9 +247,7 @@ def run_train_head(args: argparse.Namespace) -> int:
     if args.cpu_kernels in ("auto", "packed") and stages_need_target_forwards(plan.stages()):
         from ..lm import pack_linears_for_cpu
 
-        decoder = loaded.model.get_decoder() if hasattr(loaded.model, "get_decoder") else None
-        if decoder is not None:  # the output head stays a plain Linear: the features stage reads its rows
-            pack_linears_for_cpu(decoder)
+        pack_linears_for_cpu(loaded.model, keep_output=True)  # the features stage reads the output head's rows
     report = {"command": command_line(plan), "target": plan.target, "dtype": plan.dtype, "work": str(plan.work)}
     stages = plan.stages()
     if "data" in stages:
