@@ -51,9 +51,10 @@ def test_memory_round_trip_starts_a_new_generator_where_the_last_one_stopped(fol
     second.restore_controller_memory(memory)
     learned, restored = first.controller_memory()[("talon", "model", False)], memory[("talon", "model", False)]
     assert restored is not learned
-    assert restored.choice == learned.choice
+    # a new command: the learned controller as for_new_command leaves it (design 27), its costs unchanged
+    expected = learned.for_new_command()
+    assert restored.choice == expected.choice and restored.summary() == expected.summary()
     assert restored.cost_prior() == learned.cost_prior()
-    assert restored.summary() == learned.summary()
     # the next call runs a copy of the restored controller (its steps go on counting) and stays lossless
     steps_before = restored._step
     assert second.generate(PROMPT, max_new_tokens=24).token_ids == plain
@@ -164,7 +165,8 @@ def test_talon_generate_reads_and_writes_the_memory(folders, private_cache, caps
     monkeypatch.setattr(SpeculativeGenerator, "restore_controller_memory",
                         lambda self, memory: (restored.append(memory), original(self, memory)))
     assert cli(folders) == 0
-    assert len(restored) == 1 and restored[0][("talon", "model", False)].summary() == first.summary()
+    assert len(restored) == 1  # what was saved, made ready for a new command (design 27)
+    assert restored[0][("talon", "model", False)].summary() == first.for_new_command().summary()
     second = load_memory_of(files[0])
     assert second._step > first._step  # the second run's steps were added to what it loaded
     capsys.readouterr()

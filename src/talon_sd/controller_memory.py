@@ -23,17 +23,18 @@ another layout of :class:`~talon_sd.control.BudgetController`. The file is
 a pickle read back by an unpickler that only builds the controller's own classes and plain containers
 (never arbitrary callables). A cost measured under other load is corrected online: the controller
 re-measures its verify costs every ``cost_refresh_interval`` steps (design 21 of :mod:`talon_sd.control`).
+
+A command is another prompt: each loaded controller goes through
+:meth:`~talon_sd.control.BudgetController.for_new_command` (design 27), which keeps the costs and, unless drafting
+clearly paid, starts from plain decoding rather than from the last command's drafted choice.
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
-import json
 import os
 import pathlib
 import pickle
-import re
 import tempfile
 import warnings
 
@@ -63,12 +64,10 @@ def memory_key(generator, target: str | None, draft: str | None) -> dict:
 
 def memory_path(key: dict) -> pathlib.Path:
     """Where the memory of ``key`` lives."""
+    from .bench.profiles import key_file_stem
     from .models import cache_dir
 
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
-    parts = [pathlib.Path(key["target"]).name, pathlib.Path(key["draft"]).name, key["dtype"], digest]
-    slug = "--".join(re.sub(r"[^A-Za-z0-9._-]+", "_", part) for part in parts)
-    return cache_dir() / "controllers" / f"{slug}.pkl"
+    return cache_dir() / "controllers" / f"{key_file_stem(key)}.pkl"
 
 
 def save_memory(generator, key: dict) -> pathlib.Path | None:
@@ -92,8 +91,9 @@ def save_memory(generator, key: dict) -> pathlib.Path | None:
 
 
 def load_memory(key: dict) -> dict | None:
-    """The carried controllers saved for ``key`` (a dict for
-    :meth:`~talon_sd.generator.SpeculativeGenerator.restore_controller_memory`), or None: no file, a file of
+    """The carried controllers saved for ``key``, each made ready for a new command
+    (:meth:`~talon_sd.control.BudgetController.for_new_command`), as a dict for
+    :meth:`~talon_sd.generator.SpeculativeGenerator.restore_controller_memory`; or None: no file, a file of
     another key, or one this version cannot use (a :class:`TalonWarning` when the file is damaged)."""
     path = memory_path(key)
     try:
@@ -111,7 +111,7 @@ def load_memory(key: dict) -> dict | None:
         return None
     if not isinstance(saved, dict) or saved.get("key") != key or not _valid(saved.get("memory")):
         return None
-    return saved["memory"]
+    return {kind: controller.for_new_command() for kind, controller in saved["memory"].items()}
 
 
 def _valid(memory) -> bool:

@@ -188,11 +188,9 @@ def cpu_has_fast_bfloat16() -> bool:
 
 def cpuinfo_has_fast_bfloat16(cpuinfo: str) -> bool:
     """True when the first ``flags`` line of a /proc/cpuinfo text lists avx512_bf16 or amx_bf16."""
-    for line in cpuinfo.splitlines():
-        if line.startswith("flags"):
-            flags = set(line.split(":", 1)[-1].split())
-            return bool(flags & {"avx512_bf16", "amx_bf16"})
-    return False
+    from .bench.machine import isa_of_cpuinfo
+
+    return isa_of_cpuinfo(cpuinfo) in ("amx", "avx512_bf16")
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:

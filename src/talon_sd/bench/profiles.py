@@ -99,13 +99,18 @@ def _temperature(key: dict) -> float:
     return float(key.get("temperature", 0.0))
 
 
+def key_file_stem(key: dict, *extra: str) -> str:
+    """A file name (no suffix) for a machine/model ``key``: target, draft, dtype, ``extra`` and a digest of
+    the whole key, readable and safe on every file system (profiles, the controller memory)."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    parts = [pathlib.Path(key["target"]).name, pathlib.Path(key["draft"]).name, key["dtype"], *extra, digest]
+    return "--".join(re.sub(r"[^A-Za-z0-9._-]+", "_", part) for part in parts)
+
+
 def profile_path(key: dict) -> pathlib.Path:
     """Where the profile of ``key`` lives (a key without a temperature gets the older file name)."""
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
     temperature = [f"t{_temperature(key):g}"] if "temperature" in key else []
-    parts = [pathlib.Path(key["target"]).name, pathlib.Path(key["draft"]).name, key["dtype"], *temperature, digest]
-    slug = "--".join(re.sub(r"[^A-Za-z0-9._-]+", "_", part) for part in parts)
-    return profiles_dir() / f"{slug}.json"
+    return profiles_dir() / f"{key_file_stem(key, *temperature)}.json"
 
 
 def _read(path: pathlib.Path) -> dict | None:
