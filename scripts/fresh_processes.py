@@ -9,7 +9,10 @@ medians of rounds 2.. (tok/s include the prefill, as ``talon generate`` reports 
     python scripts/fresh_processes.py --rounds 6 --max-new-tokens 128 --out /tmp/fresh
 
 Every process loads the models anew (about 20 s, not counted in tok/s); the machine's own drift between
-processes is part of what this measures, so read medians over several rounds, never one row.
+processes is part of what this measures, so read medians over several rounds, never one row. With
+``--bracket`` each round ends with a second ``--tree ar`` process and every ratio is taken against the mean
+of the two (drift during a round then biases no variant), and the seconds per plain verify step of each
+talon run are printed beside ar's (a mostly plain run shows whether its process decodes slower).
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ def main() -> int:
     parser.add_argument("--prompts", nargs="+", default=list(PROMPTS))
     parser.add_argument("--out", required=True, help="folder for each process's --json output")
     parser.add_argument("--keep-memory", action="store_true", help="do not clear the controller memory first")
+    parser.add_argument("--bracket", action="store_true", help="a second ar process ends each round; ratios "
+                        "against the mean of both")
     args = parser.parse_args()
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -46,13 +51,16 @@ def main() -> int:
     for index in range(1, args.rounds + 1):
         prompt = args.prompts[(index - 1) % len(args.prompts)]
         stats = {}
-        for name, flags in VARIANTS.items():
+        variants = dict(VARIANTS, **({"ar2": VARIANTS["ar"]} if args.bracket else {}))
+        for name, flags in variants.items():
             path = out / f"round{index}_{name}.json"
             command = ["talon", "generate", prompt, "--max-new-tokens", str(args.max_new_tokens), "--json", *flags]
             with open(path, "w") as handle:
                 subprocess.run(command, stdout=handle, stderr=subprocess.DEVNULL, check=True)
             stats[name] = json.loads(path.read_text())["stats"]
-        plain_rate = stats["ar"]["new_tokens"] / stats["ar"]["seconds_total"]
+        plains = [stats[name] for name in ("ar", "ar2") if name in stats]
+        plain_rate = statistics.mean(s["new_tokens"] / s["seconds_total"] for s in plains)
+        ar_step = statistics.mean(s["seconds_verify"] / s["target_forwards"] for s in plains)
         ar_kernels = json.loads((out / f"round{index}_ar.json").read_text()).get("cpu_kernels", {})
         cells = [str(index), str((index - 1) % len(args.prompts) + 1),
                  f"{plain_rate:.2f}" + ("" if ar_kernels.get("target") in (None, "packed") else f" [kernels {ar_kernels}]")]
@@ -66,6 +74,8 @@ def main() -> int:
             unpacked = "" if all(v in (None, "packed") for v in kernels.values()) else f" [kernels {kernels}]"
             cells.append(f"{rate:.2f}, {rate / plain_rate:.2f}x, {s['target_forwards']} ({plain_steps}), "
                          f"{s['seconds_draft']:.1f}{unpacked}")
+            if args.bracket:
+                cells[-1] += f", verify/step {s['seconds_verify'] / s['target_forwards']:.3f} (ar {ar_step:.3f})"
         print(" | ".join(cells), flush=True)
     if args.rounds > 1:
         print(f"median of rounds 2-{args.rounds}: talon (memory) {statistics.median(ratios['talon']):.2f}x ar, "

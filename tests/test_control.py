@@ -527,6 +527,11 @@ def test_a_new_command_starts_plain_where_drafting_barely_paid_and_keeps_a_clear
                                 tokens=128).rate() / plain)
         new.append(simulate(chat, None, follower.for_next_sequence(), seed=100 + seed, prompt=40,
                             tokens=128).rate() / plain)
+        # no trial predicted from the new text's first few tokens (code again here): plain until the schedule's
+        # first trial (min_probe_interval steps in)
+        run = simulate(code, None, follower.for_next_sequence(), seed=200 + seed, prompt=40, tokens=128)
+        interval = ControllerSettings().min_probe_interval
+        assert run.budgets[:interval] == [1] * interval and max(run.budgets) > 1, run.budgets[:10]
     assert drafted >= 4  # most commands end on a drafted choice
     assert statistics.median(new) > statistics.median(carried), (new, carried)
     assert min(new) >= 0.95, new

@@ -1586,10 +1586,12 @@ class BudgetController:
     def _predicted_win(self) -> bool:
         """From plain decoding, with no trial due: True when the recent text predicts a probe rung wins by
         ``PREDICTED_WIN`` over plain decoding (design 12: a change of text is tried when it shows, not when the
-        schedule says), at most once every ``min_probe_interval`` steps after the last trial."""
+        schedule says), at most once every ``min_probe_interval`` steps after the last trial, and only from a full
+        ``confidence_window`` of confidences."""
         if (self._choice != 1 or not self.settings.predict_trials or len(self.candidates) < 2
-                or self._step < self._last_trial_end + self.settings.min_probe_interval):
-            return False
+                or self._step < self._last_trial_end + self.settings.min_probe_interval
+                or len(self.predictability.recent) < self.settings.confidence_window):
+            return False  # (design 27: a new command's first tokens are too few to predict from)
         plain = self._rates.get(1)
         if plain is None:
             return False
