@@ -436,8 +436,11 @@ Design ("Improvement" marks where this goes past the obvious recipe)
    between prompts, code against chat, is more than that), the new command keeps what the machine costs (cost
    curves, catch-up curve, calibration, predictability, finished lengths, exploration bookkeeping) and drops the
    acceptance samples and the last text's target confidences: its choice is plain decoding, trials from plain
-   (design 12's predictions from its own text) find what its text affords, and the probe interval starts over. Where drafting won clearly (bf16 on
-   the Xeon: 1.3-1.8x) the carried choice is kept, as between the requests of one process.
+   (design 12's predictions from its own text) find what its text affords, and the probe interval starts over.
+   Where drafting won clearly (bf16 on the Xeon: 1.3-1.8x) the carried choice is kept, as between the requests
+   of one process. A trial predicted from the text waits for a full ``confidence_window`` of it (a new command's
+   first token had predicted a win on chat). tests/test_control.py, this CPU's curves: chat after code 1.00x of
+   plain decoding (carried: 0.97x); fresh processes (docs/BENCHMARKS.md section 5, bracketed): 0.99x of ``ar``.
 
 Not modelled: keep_growing looks one layer ahead;
 a step stopped early by keep_growing is taken to be what every larger budget would have built (true
