@@ -48,20 +48,21 @@ def main() -> int:
     ratios: dict[str, list[float]] = {"talon": [], "fresh": []}
     print("round | prompt | ar tok/s | talon (memory) tok/s, x ar, steps (plain), draft s "
           "| talon --fresh-controller tok/s, x ar, steps (plain), draft s")
+    variants = dict(VARIANTS, **({"ar2": VARIANTS["ar"]} if args.bracket else {}))
     for index in range(1, args.rounds + 1):
         prompt = args.prompts[(index - 1) % len(args.prompts)]
-        stats = {}
-        variants = dict(VARIANTS, **({"ar2": VARIANTS["ar"]} if args.bracket else {}))
+        runs = {}  # variant -> its --json output
         for name, flags in variants.items():
             path = out / f"round{index}_{name}.json"
             command = ["talon", "generate", prompt, "--max-new-tokens", str(args.max_new_tokens), "--json", *flags]
             with open(path, "w") as handle:
                 subprocess.run(command, stdout=handle, stderr=subprocess.DEVNULL, check=True)
-            stats[name] = json.loads(path.read_text())["stats"]
+            runs[name] = json.loads(path.read_text())
+        stats = {name: run["stats"] for name, run in runs.items()}
         plains = [stats[name] for name in ("ar", "ar2") if name in stats]
         plain_rate = statistics.mean(s["new_tokens"] / s["seconds_total"] for s in plains)
         ar_step = statistics.mean(s["seconds_verify"] / s["target_forwards"] for s in plains)
-        ar_kernels = json.loads((out / f"round{index}_ar.json").read_text()).get("cpu_kernels", {})
+        ar_kernels = runs["ar"].get("cpu_kernels", {})
         cells = [str(index), str((index - 1) % len(args.prompts) + 1),
                  f"{plain_rate:.2f}" + ("" if ar_kernels.get("target") in (None, "packed") else f" [kernels {ar_kernels}]")]
         for name in ("talon", "fresh"):
@@ -70,7 +71,7 @@ def main() -> int:
             if index > 1:
                 ratios[name].append(rate / plain_rate)
             plain_steps = s["budget_hist"].get("1", 0)
-            kernels = json.loads((out / f"round{index}_{name}.json").read_text()).get("cpu_kernels", {})
+            kernels = runs[name].get("cpu_kernels", {})
             unpacked = "" if all(v in (None, "packed") for v in kernels.values()) else f" [kernels {kernels}]"
             cells.append(f"{rate:.2f}, {rate / plain_rate:.2f}x, {s['target_forwards']} ({plain_steps}), "
                          f"{s['seconds_draft']:.1f}{unpacked}")

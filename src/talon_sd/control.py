@@ -1269,7 +1269,8 @@ class BudgetController:
         the same, unless plain decoding is allowed and the carried best drafted rate beats plain decoding's by
         less than :data:`NEW_COMMAND_MARGIN`; then the acceptance samples and the last text's confidences are
         dropped, the choice is plain decoding and the probe schedule starts over, while the measured costs and
-        what predicts acceptance from a text's confidences stay. Call :meth:`for_next_sequence` on the result as for any carried controller."""
+        what predicts acceptance from a text's confidences stay. Call :meth:`for_next_sequence` on the result as
+        for any carried controller."""
         follower = copy.deepcopy(self)
         rates = self.rates()
         plain = rates.get(1)

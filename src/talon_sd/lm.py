@@ -382,8 +382,9 @@ def choose_cpu_kernels(model, measure=None) -> str:
 
     ``measure`` (default :func:`linear_seconds`) returns ``{rows: (default_seconds, packed_seconds)}`` with
     rows 1 (and 4, optional) or None."""
+    measure = measure or linear_seconds
     for _ in range(KERNEL_MEASUREMENTS):
-        seconds = (measure or linear_seconds)(model)
+        seconds = measure(model)
         if seconds is None:
             return "default"
         if _packed_wins(seconds):
