@@ -5,14 +5,17 @@ position of the target's greedy answers) and runs, request after request in the 
 online controller (:class:`talon_sd.control.BudgetController`, carried from request to request as the
 generator does, after the bench's 8-token warm-up) and (b) every fixed budget of ``--fixed``. A step of budget
 k at position t is the first k nodes of the tree recorded at t (the prefix property); it accepts the longest
-path that spells the answer from t, exactly what greedy verification accepts, and costs the Intel Xeon bf16
-curves of ``scripts/controller_scenarios.py`` (verify by tree size, draft by forward width, 4 ms of other
-work a step, 0.8 ms a token of draft catch-up, the target's prefill by prompt length) with ``--noise`` relative jitter per measured time. Acceptance
-is the real pair's, positions and all; only the clock is modelled. Prints, per dataset, auto over the best
+path that spells the answer from t, exactly what greedy verification accepts, and costs what ``--hardware``
+measured (:data:`HARDWARE`: verify by tree size, draft by forward width, other work a step, the draft's catch-up
+per token, the target's prefill by prompt length; the Intel Xeon in bf16 by default, or the AVX2-only AMD EPYC in
+float32, where a 2-token verify costs 1.6x one token) with ``--noise`` relative jitter per measured time.
+Acceptance is the real pair's, positions and all; only the clock is modelled. ``--fixed 1,... --bar 1`` scores auto
+against plain decoding (issue 11's no-loss bar on a hostile CPU). Prints, per dataset, auto over the best
 fixed budget of ``--bar`` (the sweep's columns; median, mean and worst over ``--seeds`` noise seeds) and of every
 fixed budget (median), and auto's reasons.
 
     python scripts/replay_positions.py docs/bench/online-sweep13/positions.jsonl.gz [--seeds 8] [--set lean_reach=1] [--hindsight]
+    python scripts/replay_positions.py docs/bench/online-sweep13/positions.jsonl.gz --hardware avx2-fp32 --fixed 1,4,8,16,24,32 --bar 1
 
 (``docs/bench/online-sweep13/positions.jsonl.gz``: the 35 prompt turns of sweep 13, trees of 32 nodes, bf16 on the
 Intel Xeon; recorded in 70 minutes.)
@@ -37,17 +40,33 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
 
 from controller_scenarios import INTEL_BF16_MS  # noqa: E402
-from test_control import measured_curve  # noqa: E402
+from test_control import AVX2_FP32_MS, measured_curve  # noqa: E402
 
 from talon_sd.control import BudgetController, ControllerSettings, StepRecord  # noqa: E402
 
-OTHER_SECONDS = 0.004  # tree building, cache commit, bookkeeping per step (sweep 13: seconds_build / steps)
-CATCH_UP_SECONDS = 0.0008  # draft LM seconds per token forwarded beside the root (prompt, plain steps' tokens)
+
+@dataclass(frozen=True)
+class Hardware:
+    """What a step costs on one measured CPU kind: target verify (ms by tree size), draft forward (ms by width),
+    the rest of a step, the draft LM's catch-up per token and the target's prefill by prompt length."""
+
+    verify_ms: dict
+    draft_ms: dict
+    other_seconds: float  # tree building, cache commit, bookkeeping per step
+    catch_up_seconds: float  # draft LM seconds per token forwarded beside the root (prompt, plain steps' tokens)
+    prefill_base: float  # the target's prefill of a request: base + per_token x prompt tokens
+    prefill_per_token: float
 
 
-def prefill_seconds(prompt_tokens: int) -> float:
-    """The target's prefill of a request (sweep 13's seconds_prefill: 0.24 s at 36 tokens, 1.9 s at 918)."""
-    return 0.2 + 0.0017 * prompt_tokens
+HARDWARE = {
+    # sweep 13 on the 2-core Intel Xeon with AMX, bf16 (seconds_build / steps; prefill 0.24 s at 36 tokens, 1.9 s
+    # at 918)
+    "intel-bf16": Hardware(INTEL_BF16_MS["target"], INTEL_BF16_MS["draft"], 0.004, 0.0008, 0.2, 0.0017),
+    # the 2-core AVX2-only AMD EPYC, float32 packed (docs/BENCHMARKS.md section 5: scripts/forward_costs.py; the
+    # draft's catch-up of a 709-token sum prompt 5.2-5.8 s; the target's prefill of it 17.7-21.0 s; 10-30 ms of
+    # other work a drafted step)
+    "avx2-fp32": Hardware(AVX2_FP32_MS["target"], AVX2_FP32_MS["draft"], 0.015, 0.008, 0.3, 0.027),
+}
 
 
 @dataclass
@@ -71,6 +90,7 @@ class Turn:
 class Clock:
     verify: object
     draft: object
+    hardware: Hardware
     noise: float
     draws: random.Random
 
@@ -78,9 +98,9 @@ class Clock:
         return max(0.0, seconds * (1 + self.noise * self.draws.gauss(0, 1)))
 
 
-def intel_bf16_clock(noise: float, seed: str | int) -> Clock:
-    """The Xeon's measured bf16 verify and draft curves, with ``noise`` relative jitter drawn from ``seed``."""
-    return Clock(measured_curve(INTEL_BF16_MS["target"]), measured_curve(INTEL_BF16_MS["draft"]), noise,
+def make_clock(hardware: Hardware, noise: float, seed: str | int) -> Clock:
+    """``hardware``'s measured verify and draft curves, with ``noise`` relative jitter drawn from ``seed``."""
+    return Clock(measured_curve(hardware.verify_ms), measured_curve(hardware.draft_ms), hardware, noise,
                  random.Random(seed))
 
 
@@ -89,7 +109,7 @@ def replay_step(turn: Turn, start: int, budget: int, pending: int, clock: Clock,
     if budget == 1:
         return StepRecord(node_log_p=(0.0,), node_parent=(-1,), accepted=(), forward_widths=(),
                           prefix_after_forward=(), draft_seconds=(), verify_seconds=clock.measured(clock.verify(1)),
-                          other_seconds=clock.measured(OTHER_SECONDS), budget=1, complete=False,
+                          other_seconds=clock.measured(clock.hardware.other_seconds), budget=1, complete=False,
                           confidence=(turn.confidence[start],))
     tree = turn.positions[start]
     size = min(budget, len(tree["tokens"]))
@@ -104,11 +124,11 @@ def replay_step(turn: Turn, start: int, budget: int, pending: int, clock: Clock,
         node = child
     accepted = accepted[:max(tokens_left - 1, 0)]
     draft_seconds = [clock.measured(clock.draft(tree["widths"][j])) for j in forwards]
-    draft_seconds[0] += CATCH_UP_SECONDS * (pending - 1)
+    draft_seconds[0] += clock.hardware.catch_up_seconds * (pending - 1)
     return StepRecord(node_log_p=tuple(tree["log_p"][:size]), node_parent=tuple(tree["parents"][:size]),
                       accepted=tuple(accepted), forward_widths=tuple(tree["widths"][j] for j in forwards),
                       prefix_after_forward=tuple(prefix), draft_seconds=tuple(draft_seconds),
-                      verify_seconds=clock.measured(clock.verify(size)), other_seconds=clock.measured(OTHER_SECONDS),
+                      verify_seconds=clock.measured(clock.verify(size)), other_seconds=clock.measured(clock.hardware.other_seconds),
                       budget=budget, complete=size < budget,
                       confidence=tuple(turn.confidence[start:start + len(accepted) + 1]))
 
@@ -119,7 +139,7 @@ def replay_turn(turn: Turn, policy: BudgetController | int | Callable[[int, floa
     budget from the last step's committed tokens (0 before the first) and the target's confidence there."""
     controller = policy if isinstance(policy, BudgetController) else None
     length = len(turn.answer) if tokens is None else min(tokens, len(turn.answer))
-    position, pending, seconds, budgets, reasons = 0, turn.prompt_tokens, prefill_seconds(turn.prompt_tokens), [], []
+    position, pending, seconds, budgets, reasons = 0, turn.prompt_tokens, clock.hardware.prefill_base + clock.hardware.prefill_per_token * turn.prompt_tokens, [], []
     committed = 0
     while position < length:
         if controller is not None:
@@ -154,17 +174,17 @@ def load_turns(paths: list[pathlib.Path]) -> list[Turn]:
 
 
 def replay(turns: list[Turn], seed: int, fixed: list[int], noise: float, max_new_tokens: int,
-           settings: ControllerSettings) -> tuple[dict, Counter]:
+           settings: ControllerSettings, hardware: Hardware) -> tuple[dict, Counter]:
     """Per dataset and policy ('auto' and each fixed budget): [tokens, seconds]; auto's reasons."""
     totals: dict = defaultdict(lambda: defaultdict(lambda: [0, 0.0]))
     reasons: Counter = Counter()
     controller = BudgetController(settings)
-    replay_turn(turns[0], controller, intel_bf16_clock(noise, f"warm-up {seed}"), max_new_tokens, tokens=8)  # warm-up
+    replay_turn(turns[0], controller, make_clock(hardware, noise, f"warm-up {seed}"), max_new_tokens, tokens=8)  # warm-up
     for turn in turns:
         controller = controller.for_next_sequence()
         for policy in [controller] + fixed:
             label = "auto" if isinstance(policy, BudgetController) else policy
-            tokens, seconds, _, why = replay_turn(turn, policy, intel_bf16_clock(noise, f"{seed} {turn.index} {label}"),
+            tokens, seconds, _, why = replay_turn(turn, policy, make_clock(hardware, noise, f"{seed} {turn.index} {label}"),
                                                   max_new_tokens)
             for key in (turn.dataset, "all"):
                 totals[key][label][0] += tokens
@@ -173,10 +193,10 @@ def replay(turns: list[Turn], seed: int, fixed: list[int], noise: float, max_new
     return totals, reasons
 
 
-def hindsight(turns: list[Turn], fixed: list[int], max_new_tokens: int) -> None:
+def hindsight(turns: list[Turn], fixed: list[int], max_new_tokens: int, hardware: Hardware) -> None:
     """What a budget chosen with hindsight could gain over the best fixed N (noise-free clock): per request, and by
     a two-context rule (``lo`` or ``hi`` nodes by the last step's committed tokens or the target's confidence)."""
-    clock = intel_bf16_clock(0.0, 0)
+    clock = make_clock(hardware, 0.0, 0)
     rules: dict = {f"N={k}": k for k in fixed}
     for low in (4, 8, 12, 16):
         for high in (k for k in (16, 24, 32) if k > low):
@@ -202,7 +222,7 @@ def hindsight(turns: list[Turn], fixed: list[int], max_new_tokens: int) -> None:
         print(f"  {dataset:10} {rate['per-request best N'] / best_fixed:.3f}  {rate[rule] / best_fixed:.3f} ({rule})")
 
 
-def check(turns: list[Turn], checkpoint: pathlib.Path, max_new_tokens: int) -> None:
+def check(turns: list[Turn], checkpoint: pathlib.Path, max_new_tokens: int, hardware: Hardware) -> None:
     """Per dataset and fixed budget of the sweep: replayed / measured tokens per second, and how many requests whose
     output equals plain decoding's took exactly the replayed number of steps."""
     rows = [json.loads(line) for line in checkpoint.read_text().splitlines()[1:] if line.strip()]
@@ -213,7 +233,7 @@ def check(turns: list[Turn], checkpoint: pathlib.Path, max_new_tokens: int) -> N
         for (index, budget), row in measured.items():
             if index != turn.index:
                 continue
-            tokens, seconds, budgets, _ = replay_turn(turn, budget, intel_bf16_clock(0.0, 0), max_new_tokens)
+            tokens, seconds, budgets, _ = replay_turn(turn, budget, make_clock(hardware, 0.0, 0), max_new_tokens)
             cell = table[(turn.dataset, budget)]
             cell[0] += tokens
             cell[1] += seconds
@@ -231,6 +251,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("positions", type=pathlib.Path, nargs="+")
     parser.add_argument("--seeds", type=int, default=8)
+    parser.add_argument("--hardware", choices=sorted(HARDWARE), default="intel-bf16",
+                        help="whose measured costs the clock charges (the recorded acceptance is the same)")
     parser.add_argument("--noise", type=float, default=0.03)
     parser.add_argument("--fixed", default="4,6,8,10,12,16,20,24,32")
     parser.add_argument("--bar", default="8,16,24", help="the sweep's fixed columns: auto is scored against their best")
@@ -246,18 +268,19 @@ def main(argv=None) -> int:
                         help="a ControllerSettings field for this replay (e.g. lean_margin=0.05); repeatable")
     args = parser.parse_args(argv)
     turns = load_turns(args.positions)
+    hardware = HARDWARE[args.hardware]
     recorded = max(len(p["tokens"]) for t in turns for p in t.positions)
     fixed = [int(k) for k in args.fixed.split(",")]
     bar = [int(k) for k in args.bar.split(",")]
     if args.check is not None:
-        check(turns, args.check, args.max_new_tokens)
+        check(turns, args.check, args.max_new_tokens, hardware)
     if args.hindsight:
-        hindsight(turns, fixed, args.max_new_tokens)
+        hindsight(turns, fixed, args.max_new_tokens, hardware)
     overrides = {name: json.loads(value) for name, value in (item.split("=", 1) for item in args.set)}
     settings = ControllerSettings(max_budget=recorded, initial_budget=args.initial_budget, **overrides)
     ratios, rates, reasons = defaultdict(list), defaultdict(lambda: defaultdict(list)), Counter()
     for seed in range(args.seeds):
-        totals, why = replay(turns, seed, fixed, args.noise, args.max_new_tokens, settings)
+        totals, why = replay(turns, seed, fixed, args.noise, args.max_new_tokens, settings, hardware)
         reasons.update(why)
         for dataset, by_policy in totals.items():
             rate = {label: tokens / seconds for label, (tokens, seconds) in by_policy.items()}

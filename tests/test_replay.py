@@ -16,7 +16,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "scripts"))
 
 from conftest import plain_greedy  # noqa: E402
 from record_positions import record_turn  # noqa: E402
-from replay_positions import Clock, Turn, replay_step, replay_turn  # noqa: E402
+from replay_positions import HARDWARE, Clock, Turn, replay_step, replay_turn  # noqa: E402
 
 from talon_sd import SpeculativeGenerator  # noqa: E402
 from talon_sd.config import TreeConfig  # noqa: E402
@@ -39,7 +39,8 @@ def recorded(llama_pair):
 
 
 def zero_clock() -> Clock:
-    return Clock(verify=lambda size: 1.0, draft=lambda width: 0.1, noise=0.0, draws=random.Random(0))
+    return Clock(verify=lambda size: 1.0, draft=lambda width: 0.1, hardware=HARDWARE["intel-bf16"], noise=0.0,
+                 draws=random.Random(0))
 
 
 @pytest.mark.parametrize("budget", [2, 5, 8, 16])
