@@ -4,11 +4,13 @@ trip, the key it must match, damaged and hostile files, and ``talon generate`` r
 from __future__ import annotations
 
 import pickle
+import subprocess
+import sys
 
 import pytest
 
 from talon_sd import SpeculativeGenerator
-from talon_sd.bench.machine import isa_of_cpuinfo, machine_key
+from talon_sd.machine import isa_of_cpuinfo, machine_key
 from talon_sd.cli import main
 from talon_sd.control import BudgetController
 from talon_sd.controller_memory import load_memory, memory_key, memory_path, save_memory
@@ -147,6 +149,17 @@ def test_the_machine_key_tells_cpu_kinds_of_one_model_name_apart(flags, expected
     assert isa_of_cpuinfo(f"processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: {flags}\n") == expected
     assert isa_of_cpuinfo("no flags line") == "other"
     assert set(machine_key("cpu")) == {"cpu", "isa", "threads", "device"}
+
+
+def test_the_core_names_machines_and_memory_files_without_the_benchmark_package():
+    # the dependency runs one way: bench builds on the core, never the reverse
+    code = ("import sys; from talon_sd import controller_memory, machine, models; "
+            "key = {**machine.machine_key('cpu'), 'target': machine.model_name(None, 'target'), "
+            "'draft': machine.model_name(None, 'draft'), 'dtype': 'float32'}; "
+            "assert controller_memory.memory_path(key).name.startswith('qwen2.5-coder-1.5b-instruct--'); "
+            "models.cpuinfo_has_fast_bfloat16('flags : avx2'); "
+            "loaded = [m for m in sys.modules if m.startswith('talon_sd.bench')]; assert not loaded, loaded")
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def cli(folders, *extra):

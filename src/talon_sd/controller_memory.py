@@ -11,7 +11,7 @@ fresh processes, while requests run after others in one process read 0.99x (docs
 wall-time ratios stayed within that machine's process-to-process noise). So the commands save the
 carried controllers at exit and load them at start, for the same:
 
-    machine (:func:`talon_sd.bench.machine.machine_key`: CPU model and instruction-set class, torch
+    machine (:func:`talon_sd.machine.machine_key`: CPU model and instruction-set class, torch
     threads, device), target, draft, dtype, torch and talon-sd versions
 
 (:func:`memory_key`). Not the CPU kernels that ``--cpu-kernels auto`` picked: it times both at load,
@@ -52,8 +52,7 @@ def memory_key(generator, target: str | None, draft: str | None) -> dict:
     import torch
 
     from . import __version__
-    from .bench.machine import machine_key
-    from .bench.profiles import model_name
+    from .machine import machine_key, model_name
 
     return {**machine_key(generator.target.device),
             "target": model_name(target, "target"), "draft": model_name(draft, "draft"),
@@ -64,7 +63,7 @@ def memory_key(generator, target: str | None, draft: str | None) -> dict:
 
 def memory_path(key: dict) -> pathlib.Path:
     """Where the memory of ``key`` lives."""
-    from .bench.profiles import key_file_stem
+    from .machine import key_file_stem
     from .models import cache_dir
 
     return cache_dir() / "controllers" / f"{key_file_stem(key)}.pkl"

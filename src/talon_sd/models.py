@@ -188,7 +188,7 @@ def cpu_has_fast_bfloat16() -> bool:
 
 def cpuinfo_has_fast_bfloat16(cpuinfo: str) -> bool:
     """True when the first ``flags`` line of a /proc/cpuinfo text lists avx512_bf16 or amx_bf16."""
-    from .bench.machine import isa_of_cpuinfo
+    from .machine import isa_of_cpuinfo
 
     return isa_of_cpuinfo(cpuinfo) in ("amx", "avx512_bf16")
 

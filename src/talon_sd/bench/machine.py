@@ -1,7 +1,8 @@
-"""What a measurement ran on: machine, library versions, model settings, and the machine key of profiles.
+"""What a measurement ran on: machine, library versions, model settings.
 
 Timings are a property of the machine, so every results file records :func:`machine_info` and
-:func:`versions`, and the tuned budgets of ``talon tune`` are stored per :func:`machine_key`.
+:func:`versions`. Which machine this is (CPU model, instruction-set class, device) and the key that tuned
+budgets and the controller's memory are stored by live in the core :mod:`talon_sd.machine`, re-exported here.
 """
 
 from __future__ import annotations
@@ -15,39 +16,7 @@ import sys
 
 import torch
 
-
-def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo`` on Linux), else what ``platform`` knows."""
-    try:
-        for line in pathlib.Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
-            if line.startswith("model name"):
-                return " ".join(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
-
-
-def cpu_isa() -> str:
-    """The instruction-set class that decides this CPU's matmul costs: ``amx``, ``avx512_bf16``,
-    ``avx512``, ``avx2`` or ``other`` (``other`` also off Linux, where /proc/cpuinfo is absent)."""
-    try:
-        text = pathlib.Path("/proc/cpuinfo").read_text(errors="replace")
-    except OSError:
-        return "other"
-    return isa_of_cpuinfo(text)
-
-
-def isa_of_cpuinfo(cpuinfo: str) -> str:
-    """:func:`cpu_isa` of a /proc/cpuinfo text (its first ``flags`` line)."""
-    for line in cpuinfo.splitlines():
-        if line.startswith("flags"):
-            flags = set(line.split(":", 1)[-1].split())
-            for name, needs in (("amx", "amx_bf16"), ("avx512_bf16", "avx512_bf16"), ("avx512", "avx512f"),
-                                ("avx2", "avx2")):
-                if needs in flags:
-                    return name
-            return "other"
-    return "other"
+from ..machine import cpu_isa, cpu_model, device_name, isa_of_cpuinfo, machine_key  # noqa: F401 (re-exported)
 
 
 def available_cores() -> int:
@@ -56,14 +25,6 @@ def available_cores() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
-
-
-def device_name(device: torch.device | str) -> str:
-    """``cpu``, or the GPU's name for ``cuda``."""
-    device = torch.device(device)
-    if device.type == "cuda" and torch.cuda.is_available():
-        return f"cuda:{torch.cuda.get_device_name(device)}"
-    return device.type
 
 
 def memory_gib() -> float | None:
@@ -144,14 +105,6 @@ def model_settings(generator) -> dict:
         "draft_parameters": _weights(generator.draft_model)
         if generator.draft_model is not None else None,
     }
-
-
-def machine_key(device: torch.device | str, threads: int | None = None) -> dict:
-    """What makes timings comparable: CPU model and instruction-set class (two AMD EPYC kinds of this
-    project's machines share the model name "AMD EPYC", one with AVX512-BF16, one with AVX2 only, and
-    their float32 / bfloat16 costs differ several-fold), thread count, device."""
-    return {"cpu": cpu_model(), "isa": cpu_isa(), "threads": threads or torch.get_num_threads(),
-            "device": device_name(device)}
 
 
 def _weights(model) -> int:

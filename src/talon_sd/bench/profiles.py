@@ -33,11 +33,11 @@ not re-tuned are kept.
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import os
 import pathlib
-import re
+
+from ..machine import key_file_stem, model_name  # noqa: F401 (re-exported)
 
 PROFILE_FORMAT = 1
 
@@ -57,21 +57,6 @@ def profiles_dir() -> pathlib.Path:
     return cache_root() / "profiles"
 
 
-def model_name(name: str | None, role: str) -> str:
-    """The name a profile records: the default model for None, an absolute path for local files."""
-    if name is None:
-        try:
-            from .. import models
-
-            return models.DEFAULT_TARGET if role == "target" else models.DEFAULT_DRAFT
-        except (ImportError, AttributeError):
-            return "qwen2.5-coder-1.5b-instruct" if role == "target" else "qwen2.5-coder-0.5b-instruct"
-    path = pathlib.Path(name).expanduser()
-    if path.exists():
-        return str(path.resolve())
-    return name
-
-
 def dtype_name(dtype, device=None) -> str:
     """``"auto"``/None resolved as the loader would; ``bf16`` -> ``bfloat16``; a torch.dtype -> its name."""
     import torch
@@ -87,7 +72,7 @@ def profile_key(target: str | None, draft: str | None, dtype, device=None, threa
                 temperature: float = 0.0) -> dict:
     """The key of the profile for this machine, model pair, dtype and decoding temperature (0 = greedy)."""
     from .. import models
-    from .machine import machine_key
+    from ..machine import machine_key
 
     resolved_device = models.resolve_device(device)
     return {**machine_key(resolved_device, threads), "target": model_name(target, "target"),
@@ -97,14 +82,6 @@ def profile_key(target: str | None, draft: str | None, dtype, device=None, threa
 
 def _temperature(key: dict) -> float:
     return float(key.get("temperature", 0.0))
-
-
-def key_file_stem(key: dict, *extra: str) -> str:
-    """A file name (no suffix) for a machine/model ``key``: target, draft, dtype, ``extra`` and a digest of
-    the whole key, readable and safe on every file system (profiles, the controller memory)."""
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
-    parts = [pathlib.Path(key["target"]).name, pathlib.Path(key["draft"]).name, key["dtype"], *extra, digest]
-    return "--".join(re.sub(r"[^A-Za-z0-9._-]+", "_", part) for part in parts)
 
 
 def profile_path(key: dict) -> pathlib.Path:
