@@ -1204,20 +1204,13 @@ class BudgetController:
         self._observed_seconds = 0.0  # steps' seconds, decayed (carried over)
         self._lost_seconds = 0.0  # seconds trials lost against the choice's rate (signed, decayed; carried over)
         self._exploration_keep = 0.5 ** (1.0 / settings.exploration_half_life)  # weight kept a step
-        self._trial_reference: float | None = None  # the choice's rate when the running trial started
-        self._lean_reference: float | None = None  # the choice's rate when leaning to an untrusted rung (design 17)
-        self._trial_loss = 0.0  # seconds the running trial lost so far against that rate, its catch-up left out
         self._trial_losses: dict[int, float] = {}  # by probe budget: what its last trials lost (design 11)
         self._last_plain = 0
         self._last_refresh = 0  # the step of the last cost refresh (design 21)
         self._last_ran: dict[int, int] = {}  # budget -> steps observed when its last step was (design 21)
         self._drafted_before = True  # the previous sequence ran a drafted step (this one's: _own_outcomes)
-        self._interval = settings.min_probe_interval
-        self._next_trial = settings.min_probe_interval
-        self._trial_budget: int | None = None
         self._last_trial_end = 0  # the step the last trial ended at (design 12)
-        self._probe_level = 0  # trials since the last win, modulo probe_levels
-        self._trial_left = 0
+        self._reset_schedule()
         self._rates: dict[int, float] = {}
         self._histogram: Counter = Counter()
         self._reasons: Counter = Counter()  # planned steps by reason (REASONS)
@@ -1281,14 +1274,21 @@ class BudgetController:
         follower.predictability.recent.clear()  # the last command's text: design 12 predicts from the new one's
         follower._choice = 1
         follower._rates = {1: plain}
-        follower._trial_budget, follower._trial_left = None, 0
-        follower._trial_reference = follower._lean_reference = None
-        follower._trial_loss = 0.0
-        follower._probe_level = 0
-        follower._interval = self.settings.min_probe_interval
-        follower._next_trial = follower._step + self.settings.min_probe_interval
+        follower._reset_schedule()
         follower._version += 1
         return follower
+
+    def _reset_schedule(self) -> None:
+        """The probe schedule as at the start: no trial or lean running, the first trial ``min_probe_interval``
+        steps from now, from the first probe level (``__init__``; design 27's new command)."""
+        self._trial_budget: int | None = None
+        self._trial_left = 0
+        self._trial_reference: float | None = None  # the choice's rate when the running trial started
+        self._lean_reference: float | None = None  # the choice's rate when leaning to an untrusted rung (design 17)
+        self._trial_loss = 0.0  # seconds the running trial lost so far against that rate, its catch-up left out
+        self._probe_level = 0  # trials since the last win, modulo probe_levels
+        self._interval = self.settings.min_probe_interval
+        self._next_trial = self._step + self.settings.min_probe_interval
 
     @property
     def choice(self) -> int:
