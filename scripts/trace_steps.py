@@ -1,0 +1,85 @@
+"""Trace the online controller step by step on real prompts, in one process: what it chose, why, and what it cost.
+
+Runs requests one after the other on one :class:`talon_sd.SpeculativeGenerator` (so an ``auto`` request starts from
+what the ones before it learned, as in ``talon bench``), each given as ``METHOD:DATASET:INDEX``: METHOD ``auto``
+(talon, budget auto), ``ar`` or a fixed talon budget (``16``); DATASET:INDEX a packaged prompt (first turn). For
+every request prints its seconds, tokens and prefill; for auto ones each step's budget, reason, accepted tokens, draft
+forwards, seconds (draft, catch-up apart, verify) and the controller's plain and choice rates before it, then the
+rate of its drafted and of its plain steps (committed tokens per second of the steps' own time).
+
+    python scripts/trace_steps.py auto:humaneval:0 auto:sum:0 ar:sum:0
+
+(the second request is CNN/DM's first prompt after HumanEval's: where a carried drafted choice meets a 709-token
+prompt; docs/BENCHMARKS.md section 5).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from talon_sd import SpeculativeGenerator
+from talon_sd.bench.datasets import load_prompts
+from talon_sd.bench.runner import prompt_ids
+from talon_sd.control import BudgetController, StepRecord
+
+
+def watch(steps: list[dict]) -> None:
+    """Record every observed step of every BudgetController into ``steps`` (the class's observe, wrapped)."""
+    observe = BudgetController.observe
+
+    def observed(self: BudgetController, record: StepRecord) -> None:
+        before = self.rates()
+        observe(self, record)
+        steps.append(dict(budget=record.budget, reason=self.reason, accepted=len(record.accepted),
+                          forwards=len(record.forward_widths), draft=sum(record.draft_seconds),
+                          catch_up=record.catch_up_seconds or 0.0, verify=record.verify_seconds,
+                          other=record.other_seconds, plain_rate=before.get(1), choice=self.choice,
+                          choice_rate=before.get(self.choice)))
+
+    BudgetController.observe = observed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("requests", nargs="+", help="METHOD:DATASET:INDEX, e.g. auto:sum:0")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    args = parser.parse_args()
+    specs = [spec.split(":") for spec in args.requests]
+    if any(len(spec) != 3 or not spec[2].isdigit() for spec in specs):
+        parser.error("requests: each one METHOD:DATASET:INDEX, e.g. auto:sum:0")
+    steps: list[dict] = []
+    watch(steps)
+    generator = SpeculativeGenerator()
+    print(f"kernels {generator.cpu_kernels}")
+    for method, dataset, index in specs:
+        prompts = load_prompts([dataset], limit=int(index) + 1)
+        ids = prompt_ids(generator, prompts[int(index)], [], 0)
+        tree = None if method == "auto" else "ar" if method == "ar" else generator.tree_config.with_options(
+            budget=int(method))
+        steps.clear()
+        started = time.perf_counter()
+        result = generator.generate(input_ids=ids.tolist(), max_new_tokens=args.max_new_tokens,
+                                    **({} if tree is None else {"tree": tree}))
+        seconds = time.perf_counter() - started
+        stats = result.stats
+        print(f"{method}:{dataset}:{index}  prompt {ids.numel()} tokens, {stats.new_tokens} new in {seconds:.1f} s "
+              f"({stats.new_tokens / seconds:.3f} tok/s), prefill {stats.seconds_prefill:.2f} s, "
+              f"{stats.target_forwards} steps, {stats.seconds_verify / stats.target_forwards:.3f} s verify a step")
+        for step in steps:
+            rates = (f"plain {step['plain_rate']:.2f}" if step["plain_rate"] else "plain -") + (
+                f", choice {step['choice']} {step['choice_rate']:.2f}" if step["choice_rate"] else "")
+            print(f"  N={step['budget']:<3} {step['reason']:<20} accepted {step['accepted']:<3} forwards "
+                  f"{step['forwards']:<3} draft {step['draft']:.2f} catch-up {step['catch_up']:.2f} verify "
+                  f"{step['verify']:.2f}  ({rates} tok/s)")
+        for name, chosen in (("drafted", [s for s in steps if s["forwards"]]),
+                             ("plain", [s for s in steps if not s["forwards"]])):
+            busy = sum(s["draft"] + s["verify"] + s["other"] for s in chosen)
+            if chosen and busy > 0:
+                print(f"  {name} steps: {len(chosen)}, {sum(s['accepted'] + 1 for s in chosen) / busy:.3f} tok/s "
+                      f"(catch-ups apart: {sum(s['catch_up'] for s in chosen):.2f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
