@@ -7,7 +7,7 @@ every request prints its seconds, tokens and prefill; for auto ones each step's 
 forwards, seconds (draft, catch-up apart, verify) and the controller's plain and choice rates before it, then the
 rate of its drafted and of its plain steps (committed tokens per second of the steps' own time).
 
-    python scripts/trace_steps.py auto:humaneval:0 auto:sum:0 ar:sum:0
+    python scripts/trace_steps.py auto:humaneval:0 auto:sum:0 ar:sum:0 [--temperature 1]
 
 (the second request is CNN/DM's first prompt after HumanEval's: where a carried drafted choice meets a 709-token
 prompt; docs/BENCHMARKS.md section 5).
@@ -44,6 +44,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("requests", nargs="+", help="METHOD:DATASET:INDEX, e.g. auto:sum:0")
     parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); else sampled, seeded")
+    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     specs = [spec.split(":") for spec in args.requests]
     if any(len(spec) != 3 or not spec[2].isdigit() for spec in specs):
@@ -59,7 +61,8 @@ def main() -> int:
             budget=int(method))
         steps.clear()
         started = time.perf_counter()
-        result = generator.generate(input_ids=ids.tolist(), max_new_tokens=args.max_new_tokens,
+        sampling = {"do_sample": True, "temperature": args.temperature, "seed": args.seed} if args.temperature else {}
+        result = generator.generate(input_ids=ids.tolist(), max_new_tokens=args.max_new_tokens, **sampling,
                                     **({} if tree is None else {"tree": tree}))
         seconds = time.perf_counter() - started
         stats = result.stats
