@@ -57,6 +57,9 @@ class Hardware:
     prefill_base: float  # the target's prefill of a request: base + per_token x prompt tokens
     prefill_per_token: float
 
+    def prefill_seconds(self, prompt_tokens: int) -> float:
+        return self.prefill_base + self.prefill_per_token * prompt_tokens
+
 
 HARDWARE = {
     # sweep 13 on the 2-core Intel Xeon with AMX, bf16 (seconds_build / steps; prefill 0.24 s at 36 tokens, 1.9 s
@@ -128,7 +131,8 @@ def replay_step(turn: Turn, start: int, budget: int, pending: int, clock: Clock,
     return StepRecord(node_log_p=tuple(tree["log_p"][:size]), node_parent=tuple(tree["parents"][:size]),
                       accepted=tuple(accepted), forward_widths=tuple(tree["widths"][j] for j in forwards),
                       prefix_after_forward=tuple(prefix), draft_seconds=tuple(draft_seconds),
-                      verify_seconds=clock.measured(clock.verify(size)), other_seconds=clock.measured(clock.hardware.other_seconds),
+                      verify_seconds=clock.measured(clock.verify(size)),
+                      other_seconds=clock.measured(clock.hardware.other_seconds),
                       budget=budget, complete=size < budget,
                       confidence=tuple(turn.confidence[start:start + len(accepted) + 1]))
 
@@ -139,7 +143,8 @@ def replay_turn(turn: Turn, policy: BudgetController | int | Callable[[int, floa
     budget from the last step's committed tokens (0 before the first) and the target's confidence there."""
     controller = policy if isinstance(policy, BudgetController) else None
     length = len(turn.answer) if tokens is None else min(tokens, len(turn.answer))
-    position, pending, seconds, budgets, reasons = 0, turn.prompt_tokens, clock.hardware.prefill_base + clock.hardware.prefill_per_token * turn.prompt_tokens, [], []
+    position, pending, budgets, reasons = 0, turn.prompt_tokens, [], []
+    seconds = clock.hardware.prefill_seconds(turn.prompt_tokens)
     committed = 0
     while position < length:
         if controller is not None:
@@ -179,13 +184,14 @@ def replay(turns: list[Turn], seed: int, fixed: list[int], noise: float, max_new
     totals: dict = defaultdict(lambda: defaultdict(lambda: [0, 0.0]))
     reasons: Counter = Counter()
     controller = BudgetController(settings)
-    replay_turn(turns[0], controller, make_clock(hardware, noise, f"warm-up {seed}"), max_new_tokens, tokens=8)  # warm-up
+    warm_up = make_clock(hardware, noise, f"warm-up {seed}")
+    replay_turn(turns[0], controller, warm_up, max_new_tokens, tokens=8)  # the bench's warm-up
     for turn in turns:
         controller = controller.for_next_sequence()
         for policy in [controller] + fixed:
             label = "auto" if isinstance(policy, BudgetController) else policy
-            tokens, seconds, _, why = replay_turn(turn, policy, make_clock(hardware, noise, f"{seed} {turn.index} {label}"),
-                                                  max_new_tokens)
+            clock = make_clock(hardware, noise, f"{seed} {turn.index} {label}")
+            tokens, seconds, _, why = replay_turn(turn, policy, clock, max_new_tokens)
             for key in (turn.dataset, "all"):
                 totals[key][label][0] += tokens
                 totals[key][label][1] += seconds

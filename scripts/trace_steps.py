@@ -29,13 +29,13 @@ def watch(steps: list[dict]) -> None:
     observe = BudgetController.observe
 
     def observed(self: BudgetController, record: StepRecord) -> None:
-        before = self.rates()
+        before, choice = self.rates(), self.choice  # what the step was planned on
         observe(self, record)
         steps.append(dict(budget=record.budget, reason=self.reason, accepted=len(record.accepted),
                           forwards=len(record.forward_widths), draft=sum(record.draft_seconds),
                           catch_up=record.catch_up_seconds or 0.0, verify=record.verify_seconds,
-                          other=record.other_seconds, plain_rate=before.get(1), choice=self.choice,
-                          choice_rate=before.get(self.choice)))
+                          other=record.other_seconds, plain_rate=before.get(1), choice=choice,
+                          choice_rate=before.get(choice)))
 
     BudgetController.observe = observed
 

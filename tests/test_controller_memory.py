@@ -10,11 +10,11 @@ import sys
 import pytest
 
 from talon_sd import SpeculativeGenerator
-from talon_sd.machine import isa_of_cpuinfo, machine_key
 from talon_sd.cli import main
 from talon_sd.control import BudgetController
 from talon_sd.controller_memory import load_memory, memory_key, memory_path, save_memory
 from talon_sd.errors import TalonWarning
+from talon_sd.machine import isa_of_cpuinfo, machine_key
 from test_models import save_tiny_llama
 
 PROMPT = "w3 w4 w5 w3 w4"
