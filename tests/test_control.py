@@ -819,6 +819,7 @@ def test_early_stop_can_be_switched_off():
     ("early_stop", 1), ("carried_weight", 0.0), ("carried_weight", math.nan), ("trial_cost_share", -0.1),
     ("release_ratio", 1.0), ("release_ratio", math.nan), ("release_steps", 0), ("exploration_share", -0.01),
     ("exploration_share", math.nan), ("exploration_half_life", 0.0), ("exploration_half_life", math.nan),
+    ("leave_plain_margin", -0.01), ("leave_plain_margin", math.nan), ("leave_plain_margin", math.inf),
 ])
 def test_bad_settings_name_the_field(field_name, value):
     with pytest.raises(TalonError, match=f"^{field_name}:"):
@@ -1110,6 +1111,25 @@ def test_one_slow_plain_measurement_does_not_lock_drafting_in():
         assert run.budgets[16:].count(1) >= 40, run.budgets
 
 
+@pytest.mark.parametrize("speed_up, margin, leaves", [(1.03, 0.05, False), (1.03, 0.0, True), (1.10, 0.05, True)])
+def test_leaving_plain_decoding_needs_a_clear_win(speed_up, margin, leaves):
+    # Design 28. From plain decoding, a drafted budget becomes the choice only when its rate beats plain
+    # decoding's by more than leave_plain_margin: on a CPU where trees barely pay (float32 on the AVX2 EPYC) a
+    # rate a few percent above plain decoding is within the noise of a handful of steps, and each switch costs the
+    # steps that show it was not (sweep 13's replay on that CPU's costs: qa 0.906 -> 0.933 of plain decoding).
+    controller = BudgetController(ControllerSettings(initial_budget=1, leave_plain_margin=margin,
+                                                     predict_trials=False))
+    # a 2-node chain that always accepts: 2 tokens in 1 s of verify plus the draft forward
+    drafted = dataclasses.replace(chain_record(budget=2, accepted=1), draft_seconds=(2.0 / speed_up - 1.0,))
+    for record in [plain_record()] * 3 + [drafted] * 4:
+        controller.next_budget()
+        controller.observe(record)
+    controller.next_budget()
+    rates = controller.rates()
+    assert rates[2] == pytest.approx(speed_up * rates[1])
+    assert controller.choice == (2 if leaves else 1)
+
+
 def test_a_drafted_choice_that_only_plain_steps_ran_runs_itself_before_a_trial():
     # bf16 costs and code: the choice settles at N = 8-12. A 700-token prompt with a 12-token answer runs
     # plain in every step (its catch-up would not pay, design 6) while the choice stays. The next request
@@ -1270,6 +1290,31 @@ def test_a_catch_up_larger_than_a_trials_share_waits_for_the_new_texts_own_confi
         assert run.budgets[:OWN_CONFIDENCES] == [1] * OWN_CONFIDENCES, run.budgets[:8]
         ratios.append(run.rate() / plain.rate())
     assert min(ratios) >= 0.97, ratios
+
+
+@pytest.mark.parametrize("bet_window, drafts", [(64, False), (16, True)])
+def test_a_large_catch_up_is_judged_on_all_of_the_sequences_own_text(bet_window, drafts):
+    # Design 28. Float32 costs, a carried code choice, then a 1000-token prompt whose first 48 tokens the target
+    # wrote unsure (top-1 probability 0.3) and the next 16 sure (0.99). Judged on the last 16 confidences
+    # (confidence_window) the rest promised to repay the draft's catch-up and paid it; the request's text went
+    # on as before (sum at temperature 1 on the AVX2 EPYC: a 6.6 s catch-up, then 4 drafted steps at 1.1 tok/s
+    # against plain decoding's 1.8). Judged on all of its 64 own tokens it stays plain.
+    verify = measured_curve(CPU_FACTS_MS["fp32"])
+    code = World(verify=verify, draft=lambda width: 0.3 * verify(width), other=0.005, catch_up=0.005,
+                 agree=0.995, confidence=(0.9, 0.999))
+    controller = BudgetController(ControllerSettings(bet_window=bet_window))
+    for request in range(3):
+        simulate(code, None, controller, seed=request, prompt=150, tokens=128)
+        controller = controller.for_next_sequence()
+    assert controller.choice > 1
+    budgets = []  # planned while the drafter waits with the prompt and every token since to forward
+    for index, confidence in enumerate([0.3] * 48 + [0.99] * 16 + [None]):
+        budgets.append(controller.next_budget(catch_up_tokens=1000 + index, tokens_left=200 - index))
+        if budgets[-1] > 1 or confidence is None:
+            break
+        controller.observe(dataclasses.replace(plain_record(), verify_seconds=verify(1), confidence=(confidence,)))
+    assert budgets[:48] == [1] * 48  # the unsure text never promises to repay 5 s of catch-up
+    assert (budgets[-1] > 1) == drafts, (budgets[48:], controller.reason)
 
 
 def test_a_catch_up_costs_at_most_its_rows_of_a_draft_forward_near_the_widths_measured():

@@ -3,6 +3,7 @@ trip, the key it must match, damaged and hostile files, and ``talon generate`` r
 
 from __future__ import annotations
 
+import copy
 import pickle
 import subprocess
 import sys
@@ -118,11 +119,17 @@ def test_a_hostile_pickle_is_refused_without_running_anything(folders, tmp_path,
     assert not (tmp_path / "hacked").exists()
 
 
-def test_a_controller_of_another_layout_is_not_used(folders):
+@pytest.mark.parametrize("part, name", [(None, "_lost_seconds"), ("settings", "leave_plain_margin"),
+                                        ("predictability", "window")])
+def test_a_controller_of_another_layout_is_not_used(folders, part, name):
     generator = auto_generator(folders)
     key = memory_key(generator, folders["target"], folders["draft"])
     old = BudgetController()
-    del old._lost_seconds  # as if written by a version whose controller lacked one attribute
+    # as if written by a version whose controller, settings or predictability lacked one attribute (on a copy:
+    # controllers share the default settings object)
+    if part is not None:
+        setattr(old, part, copy.copy(getattr(old, part)))
+    object.__delattr__(old if part is None else getattr(old, part), name)
     path = memory_path(key)
     path.parent.mkdir(parents=True)
     path.write_bytes(pickle.dumps({"key": key, "memory": {("talon", "model", False): old}}))

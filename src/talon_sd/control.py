@@ -442,6 +442,24 @@ Design ("Improvement" marks where this goes past the obvious recipe)
    first token had predicted a win on chat). tests/test_control.py, this CPU's curves: chat after code 1.00x of
    plain decoding (carried: 0.97x); fresh processes (docs/BENCHMARKS.md section 5, bracketed): 0.99x of ``ar``.
 
+28. A clear win to leave plain decoding, and a bet judged on the whole text (``leave_plain_margin``, 5%;
+   ``bet_window``, 64). On the AVX2 EPYC in float32 a drafted step costs 2-5 plain steps, and trees there beat
+   plain decoding by a few percent outside code: (a) from plain decoding, a drafted candidate becomes the choice
+   only when its rate beats plain decoding's by more than 5% (a few percent is within the noise of a handful of
+   steps, and each switch pays the steps that show it was not): sweep 13's replay on that CPU's costs (8 seeds),
+   qa 0.906 -> 0.933 of plain decoding, its worst seed 0.888 -> 0.920, the other datasets within 0.01, bf16 on
+   the Xeon unchanged (it never chooses plain decoding). (b) A catch-up judged on the sequence's own text (designs
+   14, 25) read the rate predicted from the last ``confidence_window`` (16) confidences; on sum at temperature 1
+   (``scripts/trace_steps.py auto:humaneval:0 auto:sum:0 --temperature 1``) that prediction rose from 1.0 to 2.1
+   tok/s over 15 confident tokens 60 tokens in, the 6.6 s catch-up of a 764-token context was paid for a saving
+   of 7.6 s, and the 4 drafted steps that followed ran at 1.1 tok/s against plain decoding's 1.8. The rest of a
+   sequence is now judged on up to 64 of its own tokens. Tried and left out: paying a catch-up above a trial's
+   share only when it is repaid twice over (that bet is not placed, but a bf16 world of tests/test_control.py
+   where 36-token answers repay a 1.4 s catch-up 1.1x went from 1.12x to 1.00x of plain decoding); a carried
+   choice that beats plain decoding by less than 1.25x or 1.5x waiting for the new sequence's own confidences (qa
+   0.931 / 0.928 on the EPYC's costs, bf16 qa 1.019 -> 1.006 / 0.944): qa's first answer after the sums drafts on
+   a carried rate that the last sum earned, which nothing before its own steps can refute.
+
 Not modelled: keep_growing looks one layer ahead;
 a step stopped early by keep_growing is taken to be what every larger budget would have built (true
 up to keep_growing's own dependence on the budget).
@@ -761,6 +779,10 @@ class ControllerSettings:
                             inform both (design 19; 0: any trusted candidate, as in design 18)
     anchor_gap_steps        ... or, below it, by more than ANCHOR_GAP, once initial_budget has this many samples
                             or is no faster than plain decoding (design 20; 0: as soon as it is trusted, design 19)
+    bet_window              a catch-up judged on the sequence's own text (designs 14, 25) reads the rate predicted
+                            from up to this many of its target confidences, not the last confidence_window (design 28)
+    leave_plain_margin      from plain decoding, a drafted candidate becomes the choice only when its rate beats
+                            plain decoding's by more than this share (design 28; 0: any faster candidate)
     """
 
     max_budget: int = 64
@@ -797,6 +819,8 @@ class ControllerSettings:
     anchor_gap_steps: int = 8
     cost_refresh_interval: int = 16
     explore_min_tokens: int = 32
+    bet_window: int = 64
+    leave_plain_margin: float = 0.05
 
     def __post_init__(self) -> None:
         for name in ("allow_plain", "early_stop", "predict_trials"):
@@ -813,7 +837,8 @@ class ControllerSettings:
         for name, low in (("window", 1), ("min_steps", 1), ("plain_probe_budget", 2), ("probe_steps", 1),
                           ("probe_levels", 1), ("min_probe_interval", 1), ("cost_samples", 1),
                           ("plain_refresh_interval", 0), ("release_steps", 1), ("confidence_window", 1),
-                          ("anchor_gap_steps", 0), ("cost_refresh_interval", 0), ("explore_min_tokens", 0)):
+                          ("anchor_gap_steps", 0), ("cost_refresh_interval", 0), ("explore_min_tokens", 0),
+                          ("bet_window", 1)):
             _check_int(name, getattr(self, name), low, f"an integer >= {low}")
         if self.min_steps > self.window:
             raise bad_argument("min_steps", self.min_steps, f"at most window={self.window}")
@@ -831,6 +856,7 @@ class ControllerSettings:
                       lambda x: x >= 0, infinite_ok=True)
         _check_number("probe_factor", self.probe_factor, "a number > 1", lambda x: x > 1)
         _check_number("dominance_margin", self.dominance_margin, "a number in [0, 1)", lambda x: 0 <= x < 1)
+        _check_number("leave_plain_margin", self.leave_plain_margin, "a number >= 0", lambda x: x >= 0)
         _check_number("lean_reach", self.lean_reach, "a number >= 1 (1: the next rung)", lambda x: x >= 1)
         _check_number("anchor_z", self.anchor_z, "a number >= 0 (0: no anchor)", lambda x: x >= 0)
         _check_number("lean_margin", self.lean_margin, "a number in [0, 1) (0: never lean)", lambda x: 0 <= x < 1)
@@ -1064,16 +1090,18 @@ class Calibration:
 class Predictability:
     """How predictable the current text is, from the target's own confidence (design 12).
 
-    ``recent``: the target's top-1 probability before each of the last ``window`` committed tokens, which
-    every step reports, a plain step too. ``follow(q)``: P(the tree holds the token the target commits
+    ``recent``: the target's top-1 probability before each of the last ``history`` (at least ``window``)
+    committed tokens, which every step reports, a plain step too; predictions read its last ``window`` unless
+    told how many (design 28). ``follow(q)``: P(the tree holds the token the target commits
     next | the target's top-1 probability there is q), learned from drafted steps at every accepted-path
     position whose node was expanded, per bin of q (``CONFIDENCE_EDGES``) as decayed Beta posteriors; prior
     ``q + (1 - q) / 2`` at the bin's middle (a tree catches about half of what the draft's top-1 misses).
     :meth:`chain_tokens` replays the recent confidences as a chain: the committed tokens a step of F
     forwards would expect on text like the last ``window`` tokens."""
 
-    def __init__(self, window: int, decay: float, prior_strength: float) -> None:
-        self.recent: deque[float] = deque(maxlen=window)  # [<= window] oldest first
+    def __init__(self, window: int, decay: float, prior_strength: float, history: int | None = None) -> None:
+        self.window = window
+        self.recent: deque[float] = deque(maxlen=max(window, history or window))  # [<= max(window, history)] oldest first
         self.decay, self.strength = decay, prior_strength
         lows = (0.0,) + CONFIDENCE_EDGES
         highs = CONFIDENCE_EDGES + (1.0,)
@@ -1121,10 +1149,10 @@ class Predictability:
 
     def chain_tokens(self, forwards: int, last: int | None = None, top: bool = False) -> list[float]:
         """[forwards + 1] expected committed tokens of a chain of 0 .. forwards draft forwards, averaged over
-        the recent positions (the ``last`` ones only, if given) as starting points (past the window's end,
+        the last ``window`` positions (the last ``last`` ones, if given) as starting points (past the window's end,
         its mean follow); [] when empty. Each forward holds the next token with the tree's follow(q) (a tree
         of the steps' own shape), or with ``top`` the draft's top-1 follow (a chain of one-node forwards)."""
-        recent = list(self.recent)[-last:] if last else self.recent
+        recent = list(self.recent)[-(last or self.window):]
         follows = [self.follow(q, top) for q in recent]
         if not follows:
             return []
@@ -1177,7 +1205,7 @@ class BudgetController:
         self.overhead_cost = CostCurve(settings.cost_samples, prior.overhead_seconds)  # by draft forwards per step
         self.catch_up_cost = CostCurve(settings.cost_samples)  # by catch-up tokens (bucketed): extra first-forward seconds
         self.predictability = Predictability(settings.confidence_window, settings.calibration_decay,
-                                             settings.calibration_prior_strength)
+                                             settings.calibration_prior_strength, settings.bet_window)
         self.calibration = Calibration(settings.calibration_edges, settings.calibration_decay,
                                        settings.calibration_prior_strength)
         self._samples = [deque(maxlen=settings.window) for _ in self.candidates]  # per candidate
@@ -1665,7 +1693,9 @@ class BudgetController:
             # than a trial's share of the rest, however well the last sequences' text drafted
             if self._sequence_confidences < OWN_CONFIDENCES:
                 return False
-            drafted = min(drafted, self._predicted_rate(budget, self._sequence_confidences) or drafted)
+            # design 28: the rest of the sequence is judged on all of its own text so far (up to bet_window tokens)
+            own = min(self._sequence_confidences, self.settings.bet_window)
+            drafted = min(drafted, self._predicted_rate(budget, own) or drafted)
         return catch_up < _seconds_saved(expected, plain, drafted)
 
     def _trial_affordable(self, catch_up: float, expected: float | None, probe: int | None = None) -> bool:
@@ -1805,6 +1835,8 @@ class BudgetController:
         best = max(eligible, key=lambda k: (eligible[k], -k))
         current = eligible.get(self._choice)
         if current is not None:
+            if self._choice == 1 and best != 1:  # design 28: leaving plain decoding needs a clear win
+                current *= 1.0 + self.settings.leave_plain_margin
             if eligible[best] > current:  # a tie keeps the current choice
                 self._choice = best
         elif self._choice in rates or self._dominated(self._choice, eligible[best]):

@@ -117,9 +117,18 @@ def _valid(memory) -> bool:
     """A non-empty {(method, drafter, sampled): BudgetController} whose controllers have today's layout."""
     if not isinstance(memory, dict) or not memory:
         return False
-    fresh = set(vars(control.BudgetController()))
-    return all(isinstance(key, tuple) and len(key) == 3 and isinstance(value, control.BudgetController)
-               and set(vars(value)) == fresh for key, value in memory.items())
+    fresh = control.BudgetController()
+    return all(isinstance(key, tuple) and len(key) == 3 and _same_layout(value, fresh) for key, value in memory.items())
+
+
+def _same_layout(value, fresh) -> bool:
+    """``value`` is of ``fresh``'s class with the same attributes, and so is every attribute of a class of
+    :mod:`talon_sd.control` (settings, cost curves, calibration, predictability): a file written by a version
+    whose settings lacked a field would otherwise load and fail at its first use."""
+    if type(value) is not type(fresh) or set(vars(value)) != set(vars(fresh)):
+        return False
+    return all(_same_layout(getattr(value, name), part) for name, part in vars(fresh).items()
+               if type(part).__module__ == control.__name__ and hasattr(part, "__dict__"))
 
 
 class _Unpickler(pickle.Unpickler):
