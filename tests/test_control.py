@@ -820,6 +820,7 @@ def test_early_stop_can_be_switched_off():
     ("release_ratio", 1.0), ("release_ratio", math.nan), ("release_steps", 0), ("exploration_share", -0.01),
     ("exploration_share", math.nan), ("exploration_half_life", 0.0), ("exploration_half_life", math.nan),
     ("leave_plain_margin", -0.01), ("leave_plain_margin", math.nan), ("leave_plain_margin", math.inf),
+    ("bet_window", 0), ("bet_window", 1.5),
 ])
 def test_bad_settings_name_the_field(field_name, value):
     with pytest.raises(TalonError, match=f"^{field_name}:"):
@@ -1175,6 +1176,17 @@ def test_predictability_learns_how_often_the_tree_holds_the_targets_next_token_b
     assert predictability.chain_tokens(2) == pytest.approx([1.0, 1.8, 1.8 + 0.8 ** 2])
 
 
+def test_predictability_keeps_a_longer_history_and_predicts_from_its_window_unless_told():
+    # Design 28: the recent confidences reach back bet_window tokens for a bet on the rest of a sequence; trials
+    # (design 12) still read the last window
+    predictability = Predictability(window=2, decay=1.0, prior_strength=2.0, history=4)
+    for confidence in (0.4, 0.4, 0.6, 0.6, 0.96):  # follow priors 0.7, 0.7, 0.8, 0.8, 0.985
+        predictability.observe(dataclasses.replace(plain_record(), confidence=(confidence,)))
+    assert list(predictability.recent) == [0.4, 0.6, 0.6, 0.96]
+    assert predictability.chain_tokens(1) == pytest.approx([1.0, 1.0 + (0.8 + 0.985) / 2])
+    assert predictability.chain_tokens(1, last=4) == pytest.approx([1.0, 1.0 + (0.7 + 0.8 + 0.8 + 0.985) / 4])
+
+
 def test_predictability_learns_apart_how_often_the_drafts_top_1_child_is_the_targets_next_token():
     # Design 23: a chain of one-node forwards holds only the draft's top-1 child. In talon_record the accepted path is
     # 1 -> 5 -> 9; the root and node 1 were expanded with their children kept whole (node 5's layer was cut by the
@@ -1315,6 +1327,8 @@ def test_a_large_catch_up_is_judged_on_all_of_the_sequences_own_text(bet_window,
         controller.observe(dataclasses.replace(plain_record(), verify_seconds=verify(1), confidence=(confidence,)))
     assert budgets[:48] == [1] * 48  # the unsure text never promises to repay 5 s of catch-up
     assert (budgets[-1] > 1) == drafts, (budgets[48:], controller.reason)
+    if not drafts:
+        assert controller.reason == "catch-up-skip"
 
 
 def test_a_catch_up_costs_at_most_its_rows_of_a_draft_forward_near_the_widths_measured():

@@ -780,7 +780,8 @@ class ControllerSettings:
     anchor_gap_steps        ... or, below it, by more than ANCHOR_GAP, once initial_budget has this many samples
                             or is no faster than plain decoding (design 20; 0: as soon as it is trusted, design 19)
     bet_window              a catch-up judged on the sequence's own text (designs 14, 25) reads the rate predicted
-                            from up to this many of its target confidences, not the last confidence_window (design 28)
+                            from up to this many of its target confidences, not the last confidence_window (design 28;
+                            the trials of design 15 still read confidence_window; below it, the bet reads fewer)
     leave_plain_margin      from plain decoding, a drafted candidate becomes the choice only when its rate beats
                             plain decoding's by more than this share (design 28; 0: any faster candidate)
     """
@@ -856,7 +857,7 @@ class ControllerSettings:
                       lambda x: x >= 0, infinite_ok=True)
         _check_number("probe_factor", self.probe_factor, "a number > 1", lambda x: x > 1)
         _check_number("dominance_margin", self.dominance_margin, "a number in [0, 1)", lambda x: 0 <= x < 1)
-        _check_number("leave_plain_margin", self.leave_plain_margin, "a number >= 0", lambda x: x >= 0)
+        _check_number("leave_plain_margin", self.leave_plain_margin, "a finite number >= 0", lambda x: x >= 0)
         _check_number("lean_reach", self.lean_reach, "a number >= 1 (1: the next rung)", lambda x: x >= 1)
         _check_number("anchor_z", self.anchor_z, "a number >= 0 (0: no anchor)", lambda x: x >= 0)
         _check_number("lean_margin", self.lean_margin, "a number in [0, 1) (0: never lean)", lambda x: 0 <= x < 1)
@@ -1101,7 +1102,7 @@ class Predictability:
 
     def __init__(self, window: int, decay: float, prior_strength: float, history: int | None = None) -> None:
         self.window = window
-        self.recent: deque[float] = deque(maxlen=max(window, history or window))  # [<= max(window, history)] oldest first
+        self.recent: deque[float] = deque(maxlen=max(window, history or window))  # [<= maxlen] oldest first
         self.decay, self.strength = decay, prior_strength
         lows = (0.0,) + CONFIDENCE_EDGES
         highs = CONFIDENCE_EDGES + (1.0,)
@@ -1149,7 +1150,7 @@ class Predictability:
 
     def chain_tokens(self, forwards: int, last: int | None = None, top: bool = False) -> list[float]:
         """[forwards + 1] expected committed tokens of a chain of 0 .. forwards draft forwards, averaged over
-        the last ``window`` positions (the last ``last`` ones, if given) as starting points (past the window's end,
+        the last ``window`` positions (the last ``last`` ones, if given and not 0) as starting points (past the window's end,
         its mean follow); [] when empty. Each forward holds the next token with the tree's follow(q) (a tree
         of the steps' own shape), or with ``top`` the draft's top-1 follow (a chain of one-node forwards)."""
         recent = list(self.recent)[-(last or self.window):]
@@ -1589,8 +1590,8 @@ class BudgetController:
         budget of chain_tokens(F) / (overhead(F) + F draft(1) + verify(budget)) as a prior of
         :data:`SHAPE_PRIOR_STEPS` steps (design 23): a TALON tree's shape follows the text (deep and narrow where
         the target is confident), so one old step drafted on chat, two forwards where code runs eight, is little
-        evidence; alone it kept a float32 run on plain decoding through every code prompt. ``last``: replay only
-        the last that many confidences."""
+        evidence; alone it kept a float32 run on plain decoding through every code prompt. ``last``: replay the last
+        that many confidences instead (up to ``bet_window``, design 28)."""
         tokens = self.predictability.chain_tokens(budget - 1, last)
         if not tokens:
             return None
@@ -1827,7 +1828,8 @@ class BudgetController:
 
     def _choose(self) -> None:
         """Update the current choice: the best trusted candidate among those the anchor admits (design 19); an
-        untrusted choice (the initial budget) stays until even its optimistic rate loses clearly."""
+        untrusted choice (the initial budget) stays until even its optimistic rate loses clearly. From plain decoding,
+        a drafted candidate must beat plain decoding's rate by more than ``leave_plain_margin`` (design 28)."""
         rates = self._rates = self._estimate_rates()
         if not rates:
             return
@@ -1835,7 +1837,7 @@ class BudgetController:
         best = max(eligible, key=lambda k: (eligible[k], -k))
         current = eligible.get(self._choice)
         if current is not None:
-            if self._choice == 1 and best != 1:  # design 28: leaving plain decoding needs a clear win
+            if self._choice == 1:  # design 28: leaving plain decoding needs a clear win
                 current *= 1.0 + self.settings.leave_plain_margin
             if eligible[best] > current:  # a tie keeps the current choice
                 self._choice = best

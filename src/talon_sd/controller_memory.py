@@ -121,13 +121,18 @@ def _valid(memory) -> bool:
     return all(isinstance(key, tuple) and len(key) == 3 and _same_layout(value, fresh) for key, value in memory.items())
 
 
-def _same_layout(value, fresh) -> bool:
+def _same_layout(value, fresh, seen: set[int] | None = None) -> bool:
     """``value`` is of ``fresh``'s class with the same attributes, and so is every attribute of a class of
     :mod:`talon_sd.control` (settings, cost curves, calibration, predictability): a file written by a version
-    whose settings lacked a field would otherwise load and fail at its first use."""
+    whose settings lacked a field would otherwise load and fail at its first use. (Objects inside containers, the
+    acceptance samples, are not compared.)"""
+    seen = set() if seen is None else seen
+    if id(fresh) in seen:
+        return True
+    seen.add(id(fresh))
     if type(value) is not type(fresh) or set(vars(value)) != set(vars(fresh)):
         return False
-    return all(_same_layout(getattr(value, name), part) for name, part in vars(fresh).items()
+    return all(_same_layout(getattr(value, name), part, seen) for name, part in vars(fresh).items()
                if type(part).__module__ == control.__name__ and hasattr(part, "__dict__"))
 
 
