@@ -1157,9 +1157,9 @@ class Predictability:
 
     def chain_tokens(self, forwards: int, last: int | None = None, top: bool = False) -> list[float]:
         """[forwards + 1] expected committed tokens of a chain of 0 .. forwards draft forwards, averaged over
-        the last ``window`` positions (the last ``last`` ones, if given and not 0) as starting points (past the window's end,
-        its mean follow); [] when empty. Each forward holds the next token with the tree's follow(q) (a tree
-        of the steps' own shape), or with ``top`` the draft's top-1 follow (a chain of one-node forwards)."""
+        the last ``window`` positions (the last ``last`` ones, if given and not 0) as starting points (past the
+        window's end, its mean follow); [] when empty. Each forward holds the next token with the tree's follow(q)
+        (a tree of the steps' own shape), or with ``top`` the draft's top-1 follow (a chain of one-node forwards)."""
         recent = list(self.recent)[-(last or self.window):]
         follows = [self.follow(q, top) for q in recent]
         if not follows:
@@ -1846,9 +1846,9 @@ class BudgetController:
         best = max(eligible, key=lambda k: (eligible[k], -k))
         current = eligible.get(self._choice)
         if current is not None:
-            if self._choice == 1:  # design 28: leaving plain decoding needs a clear win
-                current *= 1.0 + self.settings.leave_plain_margin
-            if eligible[best] > current:  # a tie keeps the current choice
+            # a tie keeps the current choice; design 28: leaving plain decoding needs a clear win
+            to_beat = current * (1.0 + self.settings.leave_plain_margin) if self._choice == 1 else current
+            if eligible[best] > to_beat:
                 self._choice = best
         elif self._choice in rates or self._dominated(self._choice, eligible[best]):
             self._choice = best  # a trusted choice the anchor no longer admits, or a dominated untrusted one
