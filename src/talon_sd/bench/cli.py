@@ -117,7 +117,7 @@ def _add_run_arguments(parser: argparse.ArgumentParser, datasets: str, limit: in
     parser.add_argument("--seed", type=int, default=0, help="prompt turn i samples with seed + i (every method alike)")
     parser.add_argument("--warmup-tokens", type=int, default=8, help="untimed warm-up generation per method")
     parser.add_argument("--repeats", type=int, default=1,
-                        help="timed runs of every variant but ar per prompt turn, each keeping its median run "
+                        help="timed runs of every variant (ar too) per prompt turn, each keeping its median run "
                              "(the machine is noisy; default 1)")
     parser.add_argument("--out", default=None, help=f"output folder (default runs/{out}-<time>)")
     parser.add_argument("--resume", action="store_true",
@@ -315,6 +315,8 @@ def run_fingerprint(args: argparse.Namespace, kind: str, prompts, variants, deco
         "variants": [v.describe() for v in variants],
         "prompts": hashlib.sha256(prompt_text.encode("utf-8")).hexdigest(),
         **({"repeats": args.repeats} if args.repeats > 1 else {}),  # absent at 1: older checkpoints still resume
+        # ar runs every round (a checkpoint of the runs that repeated every variant but ar is not resumed)
+        **({"repeated": "every variant"} if args.repeats > 1 else {}),
     }
 
 

@@ -235,7 +235,7 @@ def machine_lines(results: dict) -> list[str]:
         f"- {settings['mode']} decoding (temperature {settings['temperature']}, seed {settings['seed']}), "
         f"{settings['max_new_tokens']} new tokens max, {settings['prompts']} prompts / {settings['samples']} "
         f"prompt turns, warm-up {settings.get('warmup_tokens', '?')} tokens per method; {settings['order']}"
-        + (f"; every variant but ar ran {settings['repeats']} times per prompt turn, each keeping its median run"
+        + (f"; every variant (ar too) ran {settings['repeats']} times per prompt turn, each keeping its median run"
            if settings.get("repeats", 1) > 1 else ""),
         f"- created {results['created']}; load average (1/5/15 min) before the run "
         f"{settings.get('load_average_before')}, after {machine.get('load_average')}"

@@ -19,7 +19,7 @@
         "hf_generation": {...},         # the GenerationConfig fields of the hf methods
         "hf_assistant": {...} | null,   # the assistant settings hf-assisted ran with
         # from the CLI: "datasets", "data_files", "limit", "warmup_tokens", "repeats" (timed runs per prompt
-        # turn of every variant but ar, each keeping its median run: "round_seconds" in each sample), "target",
+        # turn of every variant, ar too, each keeping its median run: "round_seconds" in each sample), "target",
         # "draft", "drafter", "requested_dtype",
         # "complete" (false when interrupted), "planned_samples", "resumed_samples" (prompt turns reloaded
         # from checkpoint.jsonl by --resume, timed by the earlier process), "load_average_before" (before the models
