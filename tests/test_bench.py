@@ -612,6 +612,7 @@ def test_repeats_keep_each_variants_median_run_and_start_every_round_from_the_sa
     # the checkpoint keeps the rounds; a resume with another repeat count is refused before the models load
     lines = [json.loads(line) for line in (out / "checkpoint.jsonl").read_text().splitlines()]
     assert lines[0]["fingerprint"]["repeats"] == 3 and all(len(r["round_seconds"]) == 3 for r in lines[1:])
+    assert lines[0]["fingerprint"]["repeated"] == "every variant"  # a checkpoint that ran ar once is not resumed
     assert main(argv + ["--repeats", "2", "--resume"]) == 2
     assert main(argv + ["--repeats", "3", "--resume"]) == 0
     resumed = json.loads((out / "results.json").read_text())
