@@ -1,0 +1,112 @@
+"""Exploration (not a controller design yet): can a prompt's draft/target agreement start a request plain?
+
+Replays the online controller on sweep 13's recorded trees as ``scripts/replay_positions.py`` does (same clock, same
+order, same warm-up), with one addition at each first-turn prompt whose agreement is known (``--agreement``, written
+from ``scripts/prompt_agreement.py``'s measures): a least-squares line, fitted on the turns before it, from the
+prompt's agreement to fixed N = 16's speed over plain decoding on ``--hardware`` (noise-free replay of each earlier
+turn's whole answer: an optimistic stand-in for what a loop could measure of its past requests); when the line
+predicts this prompt below ``1 - margin`` of plain decoding, the carried acceptance samples are dropped and the choice
+set to plain decoding, so the request decides from its own steps (rates are ratios of sums: scaling the carried
+samples down, design 8's release, leaves its first step drafting). It reaches into the controller's private state;
+the design it tries is not in ``talon_sd/control.py``. Prints auto over the best fixed budget (plain included) per
+dataset, median over ``--seeds``.
+
+    python scripts/replay_prompt_prior.py docs/bench/online-sweep13/positions.jsonl.gz --hardware avx2-fp32
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import statistics
+import sys
+from collections import defaultdict
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
+
+import replay_positions as replay  # noqa: E402
+
+from talon_sd.control import BudgetController, ControllerSettings  # noqa: E402
+
+FIXED = {"avx2-fp32": [1, 4, 8, 16, 24, 32], "intel-bf16": [8, 16, 24]}  # the columns each reading scores against
+
+
+def predicted_speed(pairs: list[tuple[float, float]], agreement: float) -> float | None:
+    """The least-squares line through ``pairs`` (agreement, speed over plain) at ``agreement``; None below 4 pairs."""
+    if len(pairs) < 4:
+        return None
+    mean_x, mean_y = statistics.mean(x for x, _ in pairs), statistics.mean(y for _, y in pairs)
+    spread = sum((x - mean_x) ** 2 for x, _ in pairs)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in pairs) / spread if spread > 0 else 0.0
+    return mean_y + slope * (agreement - mean_x)
+
+
+def start_plain(controller: BudgetController) -> None:
+    """Drop the acceptance samples carried from before this sequence and choose plain decoding."""
+    for samples in controller._samples:
+        own = [sample for sample in samples if sample.index >= controller._sequence_start]
+        samples.clear()
+        samples.extend(own)
+    controller._choice = 1
+    controller._version += 1
+
+
+def run(turns, agreements: dict, hardware: replay.Hardware, fixed: list[int], margin: float | None, seed: int) -> dict:
+    """Per dataset: auto's tokens/s over the best fixed budget's, one noise seed (margin None: no prior)."""
+    totals: dict = defaultdict(lambda: defaultdict(lambda: [0, 0.0]))
+    controller = BudgetController(ControllerSettings(max_budget=32, initial_budget=16))
+    replay.replay_turn(turns[0], controller, replay.make_clock(hardware, 0.03, f"warm-up {seed}"), 128, tokens=8)
+    pairs: list[tuple[float, float]] = []
+    noise_free = replay.make_clock(hardware, 0.0, 0)
+    for turn in turns:
+        controller = controller.for_next_sequence()
+        agreement = agreements.get(turn.index)
+        if margin is not None and agreement is not None:
+            speed = predicted_speed(pairs, agreement)
+            if speed is not None and speed < 1.0 - margin:
+                start_plain(controller)
+        for policy in [controller] + fixed:
+            label = "auto" if isinstance(policy, BudgetController) else policy
+            tokens, seconds, _, _ = replay.replay_turn(turn, policy, replay.make_clock(hardware, 0.03, f"{seed} {turn.index} {label}"), 128)
+            for key in (turn.dataset, "all"):
+                totals[key][label][0] += tokens
+                totals[key][label][1] += seconds
+        if agreement is not None:
+            drafted, drafted_seconds, _, _ = replay.replay_turn(turn, 16, noise_free, 128)
+            plain, plain_seconds, _, _ = replay.replay_turn(turn, 1, noise_free, 128)
+            pairs.append((agreement, (drafted / drafted_seconds) / (plain / plain_seconds)))
+    ratios = {}
+    for dataset, by_policy in totals.items():
+        rate = {label: tokens / seconds for label, (tokens, seconds) in by_policy.items()}
+        ratios[dataset] = rate["auto"] / max(rate[k] for k in fixed)
+    return ratios
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("positions", type=pathlib.Path, nargs="+")
+    parser.add_argument("--agreement", type=pathlib.Path,
+                        default=pathlib.Path(__file__).resolve().parents[1] / "docs/bench/online-sweep13/prompt_agreement.json")
+    parser.add_argument("--hardware", choices=sorted(replay.HARDWARE), default="avx2-fp32")
+    parser.add_argument("--measure", choices=("agree", "tail", "soft"), default="agree")
+    parser.add_argument("--margins", default="0,0.05", help="predicted speed below 1 - margin starts a request plain")
+    parser.add_argument("--seeds", type=int, default=8)
+    args = parser.parse_args(argv)
+    turns = replay.load_turns(args.positions)
+    agreements = {row["index"]: row[args.measure] for row in json.loads(args.agreement.read_text())}
+    hardware, fixed = replay.HARDWARE[args.hardware], FIXED[args.hardware]
+    print(f"auto / best of {fixed} (median of {args.seeds} seeds), {args.hardware}, prior from '{args.measure}'")
+    for margin in [None] + [float(m) for m in args.margins.split(",")]:
+        by_dataset = defaultdict(list)
+        for seed in range(args.seeds):
+            for dataset, ratio in run(turns, agreements, hardware, fixed, margin, seed).items():
+                by_dataset[dataset].append(ratio)
+        print(f"  {'no prior' if margin is None else f'margin {margin}':12} "
+              + "  ".join(f"{dataset} {statistics.median(values):.3f}" for dataset, values in by_dataset.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
