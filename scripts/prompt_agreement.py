@@ -93,10 +93,9 @@ def main(argv=None) -> int:
             continue
         used[turn.dataset] += 1
         row = prompt_measures(generator, ids)
-        tokens, seconds, budgets, _ = replay.replay_turn(turn, 16, clock, args.max_new_tokens)
-        plain_tokens, plain_seconds, _, _ = replay.replay_turn(turn, 1, clock, args.max_new_tokens)
+        tokens, _, budgets, _ = replay.replay_turn(turn, 16, clock, args.max_new_tokens)
         row.update(dataset=turn.dataset, c16=tokens / len(budgets),
-                   r16=(tokens / seconds) / (plain_tokens / plain_seconds))
+                   r16=replay.speed_over_plain(turn, 16, clock, args.max_new_tokens))
         rows.append(row)
         print(f"{turn.dataset:10} {turn.index:4} {ids.numel():4} " + " ".join(f"{row[m]:6.3f}" for m in MEASURES)
               + f" {row['c16']:6.2f} {row['r16']:6.3f}", flush=True)
@@ -109,8 +108,9 @@ def main(argv=None) -> int:
     for dataset in prompts:
         chosen = [r for r in rows if r["dataset"] == dataset]
         if chosen:
-            print(f"  {dataset:10} " + "  ".join(
-                f"{m} {min(r[m] for r in chosen):.2f}-{max(r[m] for r in chosen):.2f}" for m in MEASURES + ("c16", "r16")))
+            ranges = (f"{m} {min(r[m] for r in chosen):.2f}-{max(r[m] for r in chosen):.2f}"
+                      for m in MEASURES + ("c16", "r16"))
+            print(f"  {dataset:10} " + "  ".join(ranges))
     return 0
 
 

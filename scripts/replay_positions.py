@@ -165,6 +165,13 @@ def replay_turn(turn: Turn, policy: BudgetController | int | Callable[[int, floa
     return length, seconds, budgets, reasons
 
 
+def speed_over_plain(turn: Turn, budget: int, clock: Clock, max_new_tokens: int) -> float:
+    """Tokens per second of fixed ``budget`` over plain decoding's on the whole of ``turn``'s answer."""
+    tokens, seconds, _, _ = replay_turn(turn, budget, clock, max_new_tokens)
+    plain_tokens, plain_seconds, _, _ = replay_turn(turn, 1, clock, max_new_tokens)
+    return (tokens / seconds) / (plain_tokens / plain_seconds)
+
+
 def load_turns(paths: list[pathlib.Path]) -> list[Turn]:
     """The recorded turns of ``paths`` (JSON lines, or gzipped ones ending in .gz), in the sweep's order."""
     rows = {}

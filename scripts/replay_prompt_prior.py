@@ -53,13 +53,14 @@ def start_plain(controller: BudgetController) -> None:
     controller._version += 1
 
 
-def run(turns, agreements: dict, hardware: replay.Hardware, fixed: list[int], margin: float | None, seed: int) -> dict:
-    """Per dataset: auto's tokens/s over the best fixed budget's, one noise seed (margin None: no prior)."""
+def run(turns, agreements: dict, speeds: dict, hardware: replay.Hardware, fixed: list[int], margin: float | None,
+        seed: int) -> dict:
+    """Per dataset: auto's tokens/s over the best fixed budget's, one noise seed (margin None: no prior);
+    ``speeds``: by turn index, N = 16's noise-free speed over plain decoding (what a turn teaches the line)."""
     totals: dict = defaultdict(lambda: defaultdict(lambda: [0, 0.0]))
     controller = BudgetController(ControllerSettings(max_budget=32, initial_budget=16))
     replay.replay_turn(turns[0], controller, replay.make_clock(hardware, 0.03, f"warm-up {seed}"), 128, tokens=8)
     pairs: list[tuple[float, float]] = []
-    noise_free = replay.make_clock(hardware, 0.0, 0)
     for turn in turns:
         controller = controller.for_next_sequence()
         agreement = agreements.get(turn.index)
@@ -69,14 +70,13 @@ def run(turns, agreements: dict, hardware: replay.Hardware, fixed: list[int], ma
                 start_plain(controller)
         for policy in [controller] + fixed:
             label = "auto" if isinstance(policy, BudgetController) else policy
-            tokens, seconds, _, _ = replay.replay_turn(turn, policy, replay.make_clock(hardware, 0.03, f"{seed} {turn.index} {label}"), 128)
+            clock = replay.make_clock(hardware, 0.03, f"{seed} {turn.index} {label}")
+            tokens, seconds, _, _ = replay.replay_turn(turn, policy, clock, 128)
             for key in (turn.dataset, "all"):
                 totals[key][label][0] += tokens
                 totals[key][label][1] += seconds
         if agreement is not None:
-            drafted, drafted_seconds, _, _ = replay.replay_turn(turn, 16, noise_free, 128)
-            plain, plain_seconds, _, _ = replay.replay_turn(turn, 1, noise_free, 128)
-            pairs.append((agreement, (drafted / drafted_seconds) / (plain / plain_seconds)))
+            pairs.append((agreement, speeds[turn.index]))
     ratios = {}
     for dataset, by_policy in totals.items():
         rate = {label: tokens / seconds for label, (tokens, seconds) in by_policy.items()}
@@ -87,8 +87,8 @@ def run(turns, agreements: dict, hardware: replay.Hardware, fixed: list[int], ma
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("positions", type=pathlib.Path, nargs="+")
-    parser.add_argument("--agreement", type=pathlib.Path,
-                        default=pathlib.Path(__file__).resolve().parents[1] / "docs/bench/online-sweep13/prompt_agreement.json")
+    parser.add_argument("--agreement", type=pathlib.Path, default=pathlib.Path(__file__).resolve().parents[1]
+                        / "docs/bench/online-sweep13/prompt_agreement.json")
     parser.add_argument("--hardware", choices=sorted(replay.HARDWARE), default="avx2-fp32")
     parser.add_argument("--measure", choices=("agree", "tail", "soft"), default="agree")
     parser.add_argument("--margins", default="0,0.05", help="predicted speed below 1 - margin starts a request plain")
@@ -97,11 +97,14 @@ def main(argv=None) -> int:
     turns = replay.load_turns(args.positions)
     agreements = {row["index"]: row[args.measure] for row in json.loads(args.agreement.read_text())}
     hardware, fixed = replay.HARDWARE[args.hardware], FIXED[args.hardware]
+    noise_free = replay.make_clock(hardware, 0.0, 0)
+    speeds = {turn.index: replay.speed_over_plain(turn, 16, noise_free, 128) for turn in turns
+              if turn.index in agreements}  # the same for every seed and margin: replayed once
     print(f"auto / best of {fixed} (median of {args.seeds} seeds), {args.hardware}, prior from '{args.measure}'")
     for margin in [None] + [float(m) for m in args.margins.split(",")]:
         by_dataset = defaultdict(list)
         for seed in range(args.seeds):
-            for dataset, ratio in run(turns, agreements, hardware, fixed, margin, seed).items():
+            for dataset, ratio in run(turns, agreements, speeds, hardware, fixed, margin, seed).items():
                 by_dataset[dataset].append(ratio)
         print(f"  {'no prior' if margin is None else f'margin {margin}':12} "
               + "  ".join(f"{dataset} {statistics.median(values):.3f}" for dataset, values in by_dataset.items()))

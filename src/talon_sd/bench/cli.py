@@ -314,9 +314,9 @@ def run_fingerprint(args: argparse.Namespace, kind: str, prompts, variants, deco
         "dtype": args.dtype, "device": args.device, "decoding": dataclasses.asdict(decoding),
         "variants": [v.describe() for v in variants],
         "prompts": hashlib.sha256(prompt_text.encode("utf-8")).hexdigest(),
-        **({"repeats": args.repeats} if args.repeats > 1 else {}),  # absent at 1: older checkpoints still resume
-        # ar runs every round (a checkpoint of the runs that repeated every variant but ar is not resumed)
-        **({"repeated": "every variant"} if args.repeats > 1 else {}),
+        # absent at 1: older checkpoints still resume; "repeated": ar runs every round too (a checkpoint of the runs
+        # that repeated every variant but ar is not resumed)
+        **({"repeats": args.repeats, "repeated": "every variant"} if args.repeats > 1 else {}),
     }
 
 

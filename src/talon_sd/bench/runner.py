@@ -92,16 +92,9 @@ def count_samples(prompts: Sequence[Prompt]) -> int:
     return sum(prompt.num_turns for prompt in prompts)
 
 
-def is_repeated(variant: Variant) -> bool:
-    """Whether ``variant`` runs every round of a repeated sample: every variant, ``ar`` (the reference of
-    every ratio) too (see the module contract)."""
-    return True
-
-
 def runs_per_sample(variants: Sequence[Variant], repeats: int = 1) -> int:
-    """Timed generations per prompt turn: every variant ``repeats`` times."""
-    repeated = sum(1 for variant in variants if is_repeated(variant))
-    return len(variants) + (repeats - 1) * repeated
+    """Timed generations per prompt turn: every variant, ``ar`` too, ``repeats`` times (module contract)."""
+    return len(variants) * repeats
 
 
 def run_bench(generator, prompts: Sequence[Prompt], variants: Sequence[Variant], decoding: Decoding,
@@ -163,8 +156,6 @@ def _run_sample(generator, variants: Sequence[Variant], sample: Sample, decoding
     for round_index in range(repeats):
         shift = (sample.index + round_index) % len(variants)
         for variant in list(variants[shift:]) + list(variants[:shift]):
-            if round_index > 0 and not is_repeated(variant):
-                continue
             bar.set_postfix_str(f"{sample.prompt.dataset} #{sample.prompt.question_id} t{sample.turn + 1} "
                                 f"{variant.label}" + (f" round {round_index + 1}/{repeats}" if repeats > 1 else ""))
             if before is not None:
