@@ -7,6 +7,9 @@ of width w (a tree expansion) on a 200-token cache, median of ``--repeats``
 draft/target cost ratio c at T = w = 1. Machine noted in the first line.
 
     python scripts/forward_costs.py [--variants float32:default,float32:auto,bfloat16:auto] [--sizes 1,2,4,8,16]
+    python scripts/forward_costs.py --device cuda --target DIR --draft DIR --variants bfloat16:default
+
+(``cpu_kernels`` is a CPU setting: on a GPU every variant runs the same kernels.)
 """
 
 from __future__ import annotations
@@ -29,17 +32,21 @@ def main() -> None:
     parser.add_argument("--sizes", default="1,2,4,8,16,32")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--context", type=int, default=200)
+    parser.add_argument("--target", default=None, help="target model (default: the built-in pair's)")
+    parser.add_argument("--draft", default=None, help="draft model (default: the built-in pair's)")
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if present)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     info = machine_info()
-    print(f"machine: {info['cpu']}, bf16 native: {info['bf16_native']}, torch {torch.__version__}, "
-          f"{info['torch_threads']} threads, load average {info['load_average']}")
+    print(f"machine: {info['cpu']}, bf16 native: {info['bf16_native']}, GPU: {info['cuda'] or 'none'}, "
+          f"torch {torch.__version__}, {info['torch_threads']} threads, load average {info['load_average']}")
     header = "| variant | model | " + " | ".join(f"T={s}" for s in sizes) + " | T=2 / T=1 |"
     print(header)
     print("|" + "---|" * (len(sizes) + 3))
     for variant in args.variants.split(","):
         dtype, kernels = variant.split(":")
-        generator = SpeculativeGenerator(dtype=dtype, cpu_kernels=kernels)
+        generator = SpeculativeGenerator(args.target, args.draft, dtype=dtype, device=args.device,
+                                         cpu_kernels=kernels)
         draft = CausalLM(generator.draft_model, role="draft")
         rows = {"target": measure_forward_costs(generator.target, sizes, "verify", args.context, args.repeats),
                 "draft": measure_forward_costs(draft, sizes, "draft", args.context, args.repeats)}

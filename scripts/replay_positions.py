@@ -61,6 +61,9 @@ class Hardware:
         return self.prefill_base + self.prefill_per_token * prompt_tokens
 
 
+H200_EAGER_BF16_MS = {"target": {1: 22, 2: 24, 4: 23, 8: 24, 16: 24, 32: 26, 64: 28},
+                      "draft": {1: 19, 2: 19, 4: 19, 8: 19, 16: 19, 32: 19, 64: 19}}
+
 HARDWARE = {
     # sweep 13 on the 2-core Intel Xeon with AMX, bf16 (seconds_build / steps; prefill 0.24 s at 36 tokens, 1.9 s
     # at 918)
@@ -69,6 +72,11 @@ HARDWARE = {
     # draft's catch-up of a 709-token sum prompt 5.2-5.8 s; the target's prefill of it 17.7-21.0 s; 10-30 ms of
     # other work a drafted step)
     "avx2-fp32": Hardware(AVX2_FP32_MS["target"], AVX2_FP32_MS["draft"], 0.015, 0.008, 0.3, 0.027),
+    # an NVIDIA H200 through transformers' eager forward, bf16, the pair's shapes with random weights (docs/
+    # BENCHMARKS.md section 5, "On a GPU": scripts/forward_costs.py --device cuda; 5.6 ms of tree building a drafted
+    # step; a catch-up rides on the draft's first forward at no measurable cost; prefill 0.02 s)
+    "h200-eager-bf16": Hardware(H200_EAGER_BF16_MS["target"], H200_EAGER_BF16_MS["draft"], 0.0056, 0.0002, 0.02,
+                                0.00002),
 }
 
 
