@@ -19,6 +19,7 @@ section 5, "after design 28").
 from __future__ import annotations
 
 import argparse
+import json
 import pathlib
 import statistics
 import sys
@@ -35,7 +36,7 @@ from talon_sd.bench.runner import prompt_ids  # noqa: E402
 from talon_sd.generator import SpeculativeGenerator  # noqa: E402
 
 TAIL = 64  # prompt positions of the "tail" measure
-MEASURES = ("agree", "tail", "soft", "conf")
+MEASURES = ("agree", "tail", "spread", "text", "soft", "conf")
 
 
 def prompt_measures(generator: SpeculativeGenerator, ids: torch.Tensor) -> dict[str, float]:
@@ -47,9 +48,12 @@ def prompt_measures(generator: SpeculativeGenerator, ids: torch.Tensor) -> dict[
     top_target = logits_target[:, :vocab].argmax(-1)  # [L]
     agree = (top_target == logits_draft[:, :vocab].argmax(-1)).float()  # [L]
     p_draft = logits_draft.softmax(-1)
+    spread = torch.linspace(0, ids.numel() - 2, min(TAIL, ids.numel() - 1)).round().long().unique()
     return {
         "agree": agree.mean().item(),
         "tail": agree[-TAIL:].mean().item(),
+        "spread": agree[spread].mean().item(),
+        "text": (logits_draft[:-1, :vocab].argmax(-1) == ids[1:]).float().mean().item(),
         "soft": p_draft.gather(-1, top_target[:, None])[:, 0].mean().item(),
         "conf": logits_target.softmax(-1).max(-1).values.mean().item(),
     }
@@ -75,6 +79,8 @@ def main(argv=None) -> int:
     parser.add_argument("positions", type=pathlib.Path, nargs="+")
     parser.add_argument("--hardware", choices=sorted(replay.HARDWARE), default="avx2-fp32")
     parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--json", type=pathlib.Path, default=None,
+                        help="also write the prompts' measures (index, dataset, prompt_tokens, one key per measure)")
     args = parser.parse_args(argv)
     turns = replay.load_turns(args.positions)
     clock = replay.make_clock(replay.HARDWARE[args.hardware], 0.0, 0)
@@ -94,11 +100,15 @@ def main(argv=None) -> int:
         used[turn.dataset] += 1
         row = prompt_measures(generator, ids)
         tokens, _, budgets, _ = replay.replay_turn(turn, 16, clock, args.max_new_tokens)
-        row.update(dataset=turn.dataset, c16=tokens / len(budgets),
+        row.update(index=turn.index, dataset=turn.dataset, prompt_tokens=int(ids.numel()), c16=tokens / len(budgets),
                    r16=replay.speed_over_plain(turn, 16, clock, args.max_new_tokens))
         rows.append(row)
         print(f"{turn.dataset:10} {turn.index:4} {ids.numel():4} " + " ".join(f"{row[m]:6.3f}" for m in MEASURES)
               + f" {row['c16']:6.2f} {row['r16']:6.3f}", flush=True)
+    if args.json is not None:
+        keys = ("index", "dataset", "prompt_tokens") + MEASURES
+        args.json.write_text(json.dumps([{k: round(r[k], 4) if isinstance(r[k], float) else r[k] for k in keys}
+                                         for r in rows], indent=1) + "\n")
     print("\nSpearman rank correlation over the prompts:")
     for measure in MEASURES:
         values = [r[measure] for r in rows]

@@ -56,6 +56,7 @@ class Hardware:
     catch_up_seconds: float  # draft LM seconds per token forwarded beside the root (prompt, plain steps' tokens)
     prefill_base: float  # the target's prefill of a request: base + per_token x prompt tokens
     prefill_per_token: float
+    agreement_seconds: float = 0.0  # both output heads, a prompt position (design 29's agreement)
 
     def prefill_seconds(self, prompt_tokens: int) -> float:
         return self.prefill_base + self.prefill_per_token * prompt_tokens
@@ -67,16 +68,18 @@ H200_EAGER_BF16_MS = {"target": {1: 22, 2: 24, 4: 23, 8: 24, 16: 24, 32: 26, 64:
 HARDWARE = {
     # sweep 13 on the 2-core Intel Xeon with AMX, bf16 (seconds_build / steps; prefill 0.24 s at 36 tokens, 1.9 s
     # at 918)
-    "intel-bf16": Hardware(INTEL_BF16_MS["target"], INTEL_BF16_MS["draft"], 0.004, 0.0008, 0.2, 0.0017),
+    "intel-bf16": Hardware(INTEL_BF16_MS["target"], INTEL_BF16_MS["draft"], 0.004, 0.0008, 0.2, 0.0017,
+                           0.001),  # (the heads: a guess from the 64-node verify's 300 ms)
     # the 2-core AVX2-only AMD EPYC, float32 packed (docs/BENCHMARKS.md section 5: scripts/forward_costs.py; the
     # draft's catch-up of a 709-token sum prompt 5.2-5.8 s; the target's prefill of it 17.7-21.0 s; 10-30 ms of
     # other work a drafted step)
-    "avx2-fp32": Hardware(AVX2_FP32_MS["target"], AVX2_FP32_MS["draft"], 0.015, 0.008, 0.3, 0.027),
+    "avx2-fp32": Hardware(AVX2_FP32_MS["target"], AVX2_FP32_MS["draft"], 0.015, 0.008, 0.3, 0.027,
+                          0.0041),  # (the heads: 0.16 s measured over a 39-token prompt)
     # an NVIDIA H200 through transformers' eager forward, bf16, the pair's shapes with random weights (docs/
     # BENCHMARKS.md section 5, "On a GPU": scripts/forward_costs.py --device cuda; 5.6 ms of tree building a drafted
     # step; a catch-up rides on the draft's first forward at no measurable cost; prefill 0.02 s)
     "h200-eager-bf16": Hardware(H200_EAGER_BF16_MS["target"], H200_EAGER_BF16_MS["draft"], 0.0056, 0.0002, 0.02,
-                                0.00002),
+                                0.00002, 0.00003),
 }
 
 
@@ -146,13 +149,24 @@ def replay_step(turn: Turn, start: int, budget: int, pending: int, clock: Clock,
 
 
 def replay_turn(turn: Turn, policy: BudgetController | int | Callable[[int, float], int], clock: Clock,
-                max_new_tokens: int, tokens: int | None = None) -> tuple[int, float, list[int], list[str]]:
+                max_new_tokens: int, tokens: int | None = None, steps: list | None = None,
+                agreement: float | None = None,
+                agreement_positions: int = 64) -> tuple[int, float, list[int], list[str]]:
     """(tokens, seconds, budgets, reasons) of one request: a controller, a fixed budget, or a rule giving each step's
-    budget from the last step's committed tokens (0 before the first) and the target's confidence there."""
+    budget from the last step's committed tokens (0 before the first) and the target's confidence there.
+    ``steps``, if given, receives each step's (budget, committed tokens, seconds). ``agreement``: the prompt's
+    draft/target agreement over up to ``agreement_positions`` positions, told to a controller that asks for it as the
+    loop does (design 29: both heads' cost and the draft's prompt forward are then paid before the first step)."""
     controller = policy if isinstance(policy, BudgetController) else None
     length = len(turn.answer) if tokens is None else min(tokens, len(turn.answer))
     position, pending, budgets, reasons = 0, turn.prompt_tokens, [], []
     seconds = clock.hardware.prefill_seconds(turn.prompt_tokens)
+    if (controller is not None and agreement is not None
+            and controller.prompt_agreement_due(pending - 1, max_new_tokens)):
+        controller.observe_prompt(agreement)
+        positions = min(turn.prompt_tokens - 1, agreement_positions)
+        seconds += clock.hardware.agreement_seconds * positions + clock.hardware.catch_up_seconds * (pending - 1)
+        pending = 1
     committed = 0
     while position < length:
         if controller is not None:
@@ -168,8 +182,11 @@ def replay_turn(turn: Turn, policy: BudgetController | int | Callable[[int, floa
         committed = len(record.accepted) + 1
         position += committed
         pending = 1 if record.forward_widths else pending + committed
-        seconds += sum(record.draft_seconds) + record.verify_seconds + record.other_seconds
+        step_seconds = sum(record.draft_seconds) + record.verify_seconds + record.other_seconds
+        seconds += step_seconds
         budgets.append(budget)
+        if steps is not None:
+            steps.append((budget, committed, step_seconds))
     return length, seconds, budgets, reasons
 
 
@@ -194,8 +211,10 @@ def load_turns(paths: list[pathlib.Path]) -> list[Turn]:
 
 
 def replay(turns: list[Turn], seed: int, fixed: list[int], noise: float, max_new_tokens: int,
-           settings: ControllerSettings, hardware: Hardware) -> tuple[dict, Counter]:
-    """Per dataset and policy ('auto' and each fixed budget): [tokens, seconds]; auto's reasons."""
+           settings: ControllerSettings, hardware: Hardware,
+           agreements: dict | None = None, agreement_positions: int = 64) -> tuple[dict, Counter]:
+    """Per dataset and policy ('auto' and each fixed budget): [tokens, seconds]; auto's reasons. ``agreements``:
+    prompt agreements by turn index (design 29), told to auto where it asks."""
     totals: dict = defaultdict(lambda: defaultdict(lambda: [0, 0.0]))
     reasons: Counter = Counter()
     controller = BudgetController(settings)
@@ -206,7 +225,9 @@ def replay(turns: list[Turn], seed: int, fixed: list[int], noise: float, max_new
         for policy in [controller] + fixed:
             label = "auto" if isinstance(policy, BudgetController) else policy
             clock = make_clock(hardware, noise, f"{seed} {turn.index} {label}")
-            tokens, seconds, _, why = replay_turn(turn, policy, clock, max_new_tokens)
+            tokens, seconds, _, why = replay_turn(turn, policy, clock, max_new_tokens,
+                                                  agreement=(agreements or {}).get(turn.index),
+                                                  agreement_positions=agreement_positions)
             for key in (turn.dataset, "all"):
                 totals[key][label][0] += tokens
                 totals[key][label][1] += seconds
@@ -285,6 +306,12 @@ def main(argv=None) -> int:
     parser.add_argument("--hindsight", action="store_true",
                         help="also print what budgets chosen with hindsight (per request, or by a two-context rule) "
                              "gain over the best fixed N")
+    parser.add_argument("--agreement", type=pathlib.Path, default=None, metavar="JSON",
+                        help="prompt agreements by turn (scripts/prompt_agreement.py --json) for design 29's prior "
+                             "(default: none, the prior never acts)")
+    parser.add_argument("--measure", default="spread",
+                        help="which measure of --agreement is the agreement (agree: over every prompt position, "
+                             "its heads' cost charged so; the others over 64)")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="a ControllerSettings field for this replay (e.g. lean_margin=0.05); repeatable")
     args = parser.parse_args(argv)
@@ -299,9 +326,13 @@ def main(argv=None) -> int:
         hindsight(turns, fixed, args.max_new_tokens, hardware)
     overrides = {name: json.loads(value) for name, value in (item.split("=", 1) for item in args.set)}
     settings = ControllerSettings(max_budget=recorded, initial_budget=args.initial_budget, **overrides)
+    agreements = None
+    if args.agreement is not None:
+        agreements = {row["index"]: row[args.measure] for row in json.loads(args.agreement.read_text())}
     ratios, rates, reasons = defaultdict(list), defaultdict(lambda: defaultdict(list)), Counter()
     for seed in range(args.seeds):
-        totals, why = replay(turns, seed, fixed, args.noise, args.max_new_tokens, settings, hardware)
+        totals, why = replay(turns, seed, fixed, args.noise, args.max_new_tokens, settings, hardware, agreements,
+                             10 ** 6 if args.measure == "agree" else 64)
         reasons.update(why)
         for dataset, by_policy in totals.items():
             rate = {label: tokens / seconds for label, (tokens, seconds) in by_policy.items()}

@@ -43,6 +43,12 @@ def predicted_speed(pairs: list[tuple[float, float]], agreement: float) -> float
     return mean_y + slope * (agreement - mean_x)
 
 
+def predicted_near(pairs: list[tuple[float, float]], agreement: float, width: float = 0.05) -> float | None:
+    """The mean speed of the earlier prompts within ``width`` of ``agreement``; None below 2 of them."""
+    near = [y for x, y in pairs if abs(x - agreement) <= width]
+    return statistics.mean(near) if len(near) >= 2 else None
+
+
 def start_plain(controller: BudgetController) -> None:
     """Drop the acceptance samples carried from before this sequence and choose plain decoding."""
     for samples in controller._samples:
@@ -53,8 +59,18 @@ def start_plain(controller: BudgetController) -> None:
     controller._version += 1
 
 
+def measured_speed(steps: list, controller: BudgetController, least: int = 8) -> float | None:
+    """What a loop can measure of a request: its drafted steps' tokens/s over the controller's plain rate (None
+    below ``least`` drafted tokens)."""
+    drafted = [(tokens, seconds) for budget, tokens, seconds in steps if budget > 1]
+    plain = controller._plain_rate()
+    if sum(t for t, _ in drafted) < least or not plain:
+        return None
+    return sum(t for t, _ in drafted) / sum(s for _, s in drafted) / plain
+
+
 def run(turns, agreements: dict, speeds: dict, hardware: replay.Hardware, fixed: list[int], margin: float | None,
-        seed: int) -> dict:
+        seed: int, rule: str = "line", pairs_from: str = "replay") -> dict:
     """Per dataset: auto's tokens/s over the best fixed budget's, one noise seed (margin None: no prior);
     ``speeds``: by turn index, N = 16's noise-free speed over plain decoding (what a turn teaches the line)."""
     totals: dict = defaultdict(lambda: defaultdict(lambda: [0, 0.0]))
@@ -65,18 +81,22 @@ def run(turns, agreements: dict, speeds: dict, hardware: replay.Hardware, fixed:
         controller = controller.for_next_sequence()
         agreement = agreements.get(turn.index)
         if margin is not None and agreement is not None:
-            speed = predicted_speed(pairs, agreement)
+            speed = (predicted_speed if rule == "line" else predicted_near)(pairs, agreement)
             if speed is not None and speed < 1.0 - margin:
                 start_plain(controller)
+        steps: list = []
         for policy in [controller] + fixed:
             label = "auto" if isinstance(policy, BudgetController) else policy
             clock = replay.make_clock(hardware, 0.03, f"{seed} {turn.index} {label}")
-            tokens, seconds, _, _ = replay.replay_turn(turn, policy, clock, 128)
+            tokens, seconds, _, _ = replay.replay_turn(turn, policy, clock, 128,
+                                                       steps=steps if label == "auto" else None)
             for key in (turn.dataset, "all"):
                 totals[key][label][0] += tokens
                 totals[key][label][1] += seconds
         if agreement is not None:
-            pairs.append((agreement, speeds[turn.index]))
+            speed = speeds[turn.index] if pairs_from == "replay" else measured_speed(steps, controller)
+            if speed is not None:
+                pairs.append((agreement, speed))
     ratios = {}
     for dataset, by_policy in totals.items():
         rate = {label: tokens / seconds for label, (tokens, seconds) in by_policy.items()}
@@ -93,6 +113,11 @@ def main(argv=None) -> int:
     parser.add_argument("--measure", choices=("agree", "tail", "soft"), default="agree")
     parser.add_argument("--margins", default="0,0.05", help="predicted speed below 1 - margin starts a request plain")
     parser.add_argument("--seeds", type=int, default=8)
+    parser.add_argument("--rule", choices=("line", "near"), default="line",
+                        help="line: least squares over all earlier prompts; near: the mean of those within 0.05")
+    parser.add_argument("--pairs", choices=("replay", "measured"), default="replay",
+                        help="an earlier prompt's speed: N = 16's noise-free replay of its answer, or what auto's own "
+                             "drafted steps measured over its plain rate (>= 8 drafted tokens)")
     args = parser.parse_args(argv)
     turns = replay.load_turns(args.positions)
     agreements = {row["index"]: row[args.measure] for row in json.loads(args.agreement.read_text())}
@@ -104,7 +129,8 @@ def main(argv=None) -> int:
     for margin in [None] + [float(m) for m in args.margins.split(",")]:
         by_dataset = defaultdict(list)
         for seed in range(args.seeds):
-            for dataset, ratio in run(turns, agreements, speeds, hardware, fixed, margin, seed).items():
+            for dataset, ratio in run(turns, agreements, speeds, hardware, fixed, margin, seed, args.rule,
+                                      args.pairs).items():
                 by_dataset[dataset].append(ratio)
         print(f"  {'no prior' if margin is None else f'margin {margin}':12} "
               + "  ".join(f"{dataset} {statistics.median(values):.3f}" for dataset, values in by_dataset.items()))

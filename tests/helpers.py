@@ -23,8 +23,10 @@ class CyclingController(BudgetController):
 
     BUDGETS = (6, 1, 2, 12, 1, 1, 4, 20, 3, 1, 9)
 
-    def __init__(self, max_budget: int = 24) -> None:
-        super().__init__(ControllerSettings(max_budget=max_budget, initial_budget=6))
+    def __init__(self, max_budget: int = 24, prompt_prior_width: float = 0.0) -> None:
+        # (no prompt prior unless asked: the catch-up tests expect the prompt to wait for the first drafted step)
+        super().__init__(ControllerSettings(max_budget=max_budget, initial_budget=6,
+                                            prompt_prior_width=prompt_prior_width))
         self.calls, self.budgets = 0, []
         self.asked: list[tuple[int, int | None]] = []  # (catch_up_tokens, tokens_left) the loop gave each step
         self.committed: list[int] = []  # tokens each step committed (bonus included)

@@ -822,6 +822,7 @@ def test_early_stop_can_be_switched_off():
     ("exploration_share", math.nan), ("exploration_half_life", 0.0), ("exploration_half_life", math.nan),
     ("leave_plain_margin", -0.01), ("leave_plain_margin", math.nan), ("leave_plain_margin", math.inf),
     ("bet_window", 0), ("bet_window", 1.5), ("bet_margin", 0.9), ("bet_margin", math.inf),
+    ("prompt_prior_width", -0.01), ("prompt_prior_width", 1.5), ("prompt_prior_width", math.nan),
 ])
 def test_bad_settings_name_the_field(field_name, value):
     with pytest.raises(TalonError, match=f"^{field_name}:"):
@@ -1345,3 +1346,143 @@ def test_a_catch_up_costs_at_most_its_rows_of_a_draft_forward_near_the_widths_me
     assert controller._catch_up_seconds(8) == pytest.approx(min(6.4 * 8 / 64, 0.4 + 5 * 0.1 - 0.2))
     assert controller._catch_up_seconds(16) == pytest.approx(0.4 + 13 * 0.1 - 0.2)
     assert controller._catch_up_seconds(17) == pytest.approx(6.4 * 17 / 64)
+
+
+def prompt_session(worlds: dict, agreements: dict, kinds: list[str], width: float, seed: int) -> list[tuple]:
+    """One process serving ``kinds`` (keys of ``worlds``) in turn, 48 tokens each after a 40-token prompt, the loop
+    telling the carried controller each prompt's agreement where it asks (design 29): per request (kind, started
+    plain, tokens, seconds, plain decoding's seconds on the same draws)."""
+    controller = BudgetController(ControllerSettings(prompt_prior_width=width))
+    rows = []
+    for index, kind in enumerate(kinds):
+        controller = controller.for_next_sequence()
+        if controller.prompt_agreement_due():
+            controller.observe_prompt(agreements[kind])
+        run = simulate(worlds[kind], None, controller, seed=seed + index, prompt=40, tokens=48)
+        plain = simulate(worlds[kind], None, 1, seed=seed + index, prompt=40, tokens=48)
+        prior = controller.summary()["prompt_prior"]
+        rows.append((kind, bool(prior and prior["started_plain"]), sum(run.tokens), sum(run.seconds),
+                     sum(plain.seconds)))
+    return rows
+
+
+def test_a_prompt_agreeing_like_earlier_slow_ones_starts_plain_where_drafting_lost_and_nowhere_else():
+    # Design 29. One process alternates code (the draft agrees with the target on 80% of the prompt) and chat
+    # (45%). On the AVX2 curves a chat answer loses to plain decoding on its first drafted steps (trials, the
+    # choice code left); once two chat answers have shown it, the next chat prompt starts plain. In bf16 (flat
+    # verify) every answer drafted faster than plain: nothing starts plain and every step is as without the prior.
+    agreements = {"code": 0.8, "chat": 0.45}
+    kinds = ["code", "chat"] * 8
+
+    def chat_speeds(worlds, width):
+        speeds, started = [], 0
+        for seed in range(4):
+            rows = prompt_session(worlds, agreements, kinds, width, 100 * seed)
+            chat = [row for row in rows if row[0] == "chat"]
+            speeds.append(sum(row[4] for row in chat) / sum(row[3] for row in chat))  # over plain (same tokens)
+            started += sum(row[1] for row in chat)
+        return speeds, started
+
+    verify, draft = measured_curve(AVX2_FP32_MS["target"]), measured_curve(AVX2_FP32_MS["draft"])
+    avx2 = {"code": World(verify=verify, draft=draft, other=0.005, agree=0.98, confidence=(0.85, 0.995), catch_up=0.01),
+            "chat": World(verify=verify, draft=draft, other=0.005, agree=0.8, confidence=(0.3, 0.9), catch_up=0.01)}
+    without, _ = chat_speeds(avx2, 0.0)
+    with_prior, started = chat_speeds(avx2, 0.05)
+    assert started >= 4
+    assert statistics.median(with_prior) > statistics.median(without) + 0.005, (with_prior, without)
+    assert min(with_prior) >= 0.95, with_prior
+    bf16 = measured_curve(CPU_FACTS_MS["bf16"])
+    flat = {kind: dataclasses.replace(world, verify=bf16, draft=lambda width: 0.3 * bf16(width), catch_up=0.002)
+            for kind, world in avx2.items()}
+    for seed in range(2):
+        rows = prompt_session(flat, agreements, kinds, 0.05, 100 * seed)
+        assert not any(row[1] for row in rows)
+        assert [row[2:4] for row in rows] == [row[2:4] for row in prompt_session(flat, agreements, kinds, 0.0, 100 * seed)]
+        assert all(row[4] > row[3] for row in rows)  # drafting paid on every request
+
+
+def drafted_sequence(agreement: float | None, accepted: int = 3, steps: int = 2) -> BudgetController:
+    """A fresh controller that measured plain decoding (1 s a step) and then drafted ``steps`` chain steps of 4
+    nodes committing ``accepted`` + 1 tokens each (1.3 s a step), after being told ``agreement``."""
+    controller = BudgetController(ControllerSettings())
+    if agreement is not None:
+        controller.observe_prompt(agreement)
+    controller.observe(plain_record())
+    for _ in range(steps):
+        controller.observe(chain_record(budget=4, accepted=accepted))
+    return controller
+
+
+def test_a_sequence_teaches_the_prompt_prior_its_agreement_and_its_drafted_speed_over_plain():
+    follower = drafted_sequence(0.5).for_next_sequence()
+    plain_rate = 1.0 / (follower._overhead(0) + follower._verify(1))
+    assert list(follower._prompt_pairs) == [(0.5, pytest.approx(8 / 2.6 / plain_rate))]
+    assert follower.summary()["prompt_prior"] is None  # the new sequence's own, not yet told
+    # no agreement told, or fewer drafted tokens than PRIOR_MIN_TOKENS: nothing learned
+    assert not drafted_sequence(None).for_next_sequence()._prompt_pairs
+    assert not drafted_sequence(0.5, accepted=0, steps=2).for_next_sequence()._prompt_pairs
+    # pairs are carried on, new commands included
+    assert len(follower.for_next_sequence()._prompt_pairs) == 1
+    assert len(follower.for_new_command()._prompt_pairs) == 1
+
+
+def test_the_prompt_prior_starts_plain_only_on_enough_near_evidence_of_a_loss():
+    def told(pairs, agreement):
+        controller = BudgetController(ControllerSettings(initial_budget=16)).for_next_sequence()
+        controller._prompt_pairs.extend(pairs)
+        assert controller.prompt_agreement_due()
+        controller.observe_prompt(agreement)
+        return controller
+
+    slow = [(0.45, 0.8), (0.47, 0.9), (0.8, 1.4)]
+    controller = told(slow, 0.46)
+    assert controller.summary()["prompt_prior"] == {"agreement": 0.46, "neighbours": 2, "predicted_speed": 0.85,
+                                                    "started_plain": True}
+    assert controller.choice == 1 and controller.next_budget(39, 128) == 1  # no scheduled probe at once
+    assert not controller.prompt_agreement_due()  # told once per sequence
+    assert told(slow, 0.8).choice == 16  # one neighbour only (1.4): not enough evidence
+    assert told(slow + [(0.78, 1.2)], 0.8).choice == 16  # near prompts drafted faster than plain
+    assert told([(0.45, 0.8)] * 3, 0.55).choice == 16  # none within prompt_prior_width
+    # the drop is of the carried acceptance: a controller that drafted keeps its costs
+    controller = BudgetController(ControllerSettings(initial_budget=16))
+    simulate(SLOPED, 40, controller)
+    costs = controller.cost_prior()
+    follower = controller.for_next_sequence()
+    follower._prompt_pairs.extend(slow)
+    assert follower.choice > 1 and follower.prompt_agreement_due()
+    follower.observe_prompt(0.46)
+    assert follower.choice == 1 and set(follower.rates()) == {1} and follower.cost_prior() == costs
+
+
+def test_the_prompt_prior_is_asked_for_once_at_a_sequences_start_and_checks_its_input():
+    controller = BudgetController(ControllerSettings())
+    assert controller.prompt_agreement_due()  # a drafted first choice
+    for bad in (-0.1, 1.5, math.nan, "0.5", None):
+        with pytest.raises(TalonError, match="^agreement:"):
+            controller.observe_prompt(bad)
+    controller.observe(plain_record())
+    assert not controller.prompt_agreement_due()
+    with pytest.raises(TalonError, match="observe_prompt"):
+        controller.observe_prompt(0.5)
+    assert not BudgetController(ControllerSettings(prompt_prior_width=0.0)).prompt_agreement_due()
+    assert not BudgetController(ControllerSettings(allow_plain=False)).prompt_agreement_due()
+
+
+def test_asking_whether_the_prompt_prior_is_due_changes_nothing_and_a_prior_that_never_saw_a_loss_samples():
+    controller = BudgetController(ControllerSettings(initial_budget=16))
+    simulate(SLOPED, 20, controller)
+    follower = controller.for_next_sequence()
+    before = follower.summary()
+    assert follower.prompt_agreement_due(39, 128) and follower.summary() == before
+    assert follower.next_budget(39, 128) > 1  # what the copy said the first step would do
+    # every measured prompt drafted faster than plain: only every PRIOR_SAMPLE_EVERY-th sequence pays the heads
+    controller._prompt_pairs.extend([(0.5, 1.2)] * 8)
+    dues, losing = [], []
+    for _ in range(8):
+        controller = controller.for_next_sequence()
+        dues.append(controller.prompt_agreement_due(39, 128))
+        lost = controller.for_next_sequence()
+        lost._prompt_pairs.append((0.9, 0.95))
+        losing.append(lost.prompt_agreement_due(39, 128))
+    assert dues.count(True) == 2 and dues[3] and dues[7], dues
+    assert all(losing)  # one loss on record: every sequence measures

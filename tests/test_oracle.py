@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
-from conftest import VOCAB, plain_greedy
+from conftest import DEVICE, VOCAB, plain_greedy
 from helpers import make_drafter, run
 from talon_sd.config import TreeConfig
 
@@ -118,3 +119,35 @@ def test_the_loop_tells_the_controller_the_drafters_catch_up_and_the_tokens_left
     first_drafted = next(i for i, budget in enumerate(controller.budgets) if budget > 1)
     assert controller.caught_up_apart == [drafter_kind == "model" and i == first_drafted
                                           for i in range(len(controller.budgets))]
+
+
+def prompt_agreement(target, draft, prompt) -> float:
+    """The share of the prompt's positions (all but its last token) where both models' argmax is the same."""
+    context = torch.tensor(prompt[:-1], device=DEVICE)[None]
+    with torch.no_grad():
+        top_target, top_draft = target(input_ids=context).logits[0].argmax(-1), draft(input_ids=context).logits[0].argmax(-1)
+    return (top_target == top_draft).float().mean().item()
+
+
+@pytest.mark.parametrize("pairs", [(), ((None, 0.6), (None, 0.7))])
+def test_the_loop_measures_the_prompts_agreement_where_the_controller_asks(llama_pair, pairs):
+    """Design 29: the loop tells the controller the prompt's draft/target agreement before the first step; the draft
+    LM then forwards its prompt at once (no catch-up left for the first drafted step). Where earlier sequences that
+    agreed alike drafted slower than plain decoding, the first step is plain. The output never changes."""
+    from helpers import CyclingController
+
+    target, draft = llama_pair
+    prompt = PROMPTS[1]
+    agreement = prompt_agreement(target, draft, prompt)
+    controller = CyclingController(prompt_prior_width=0.05)
+    controller._prompt_pairs.extend((agreement, speed) for _, speed in pairs)  # what earlier sequences taught
+    assert controller.prompt_agreement_due()
+    tokens, stats = run(target, make_drafter("model", draft, VOCAB), TreeConfig("talon", budget="auto", topk=4),
+                        prompt, 40, controller=controller)
+    assert tokens == plain_greedy(target, prompt, 40)
+    prior = controller.prompt_prior
+    assert prior["agreement"] == pytest.approx(agreement, abs=1e-4)
+    assert stats.prompt_agreement == pytest.approx(agreement) and stats.prompt_started_plain == bool(pairs)
+    assert prior["started_plain"] == bool(pairs) and controller.choice == (1 if pairs else 6)
+    assert controller.asked[0] == (0, 40)  # the prompt is in the draft's cache before the first step
+    assert not any(controller.caught_up_apart)

@@ -462,6 +462,31 @@ Design ("Improvement" marks where this goes past the obvious recipe)
    confidences (qa 0.931 / 0.928 on the EPYC's costs, bf16 qa 1.019 -> 1.006 / 0.944): qa's first answer after the
    sums drafts on a carried rate that the last sum earned, which nothing before its own steps can refute.
 
+29. A prompt's agreement as a prior (``prompt_prior_width``, 0.05; :meth:`BudgetController.observe_prompt`). A
+   short answer after long, well-drafting ones lost on its first 1-3 drafted steps, taken on the carried samples of
+   the last text (design 28's closing note): nothing of its own refutes them before those steps. Its prompt does:
+   the share of prompt positions where the draft's argmax equals the target's has Spearman 0.81 with N = 16's speed
+   over plain decoding across sweep 13's 30 first-turn prompts (qa 0.44-0.49, sum 0.56-0.60, humaneval 0.75-0.81;
+   ``scripts/prompt_agreement.py``; over 64 positions spread over the prompt, what the loop measures, 0.68). Where
+   the first step would draft (:meth:`prompt_agreement_due` asks :meth:`next_budget` of a copy), the decoding loop
+   measures it before that step (both output heads over those 64 rows only; the draft forwards its prompt then, as
+   that first step would have), and the controller compares it with the earlier sequences of this process (and of
+   the controller memory): each one that was told its agreement and committed at least :data:`PRIOR_MIN_TOKENS`
+   from drafted steps left a pair (agreement, its drafted steps' tokens/s over plain decoding's modelled rate).
+   When at least :data:`PRIOR_NEIGHBOURS` earlier prompts within ``prompt_prior_width`` of this one drafted, on
+   average, slower than plain decoding, the carried acceptance samples and the last text's confidences are dropped,
+   the choice is plain decoding and no scheduled probe runs at once: the sequence drafts once its own text predicts
+   a win (design 12) or at the schedule's next trial. The speed is measured on this machine, so a prompt kind
+   starts plain where drafting lost (the AVX2 EPYC in float32) and keeps drafting where it paid (bf16 on the Xeon:
+   never started plain in the replay); where no measured prompt has shown a loss (at least 8 pairs), only every
+   :data:`PRIOR_SAMPLE_EVERY`-th sequence pays the heads. Sweep 13 replayed (8 seeds, the heads charged at 4 ms a
+   position on the EPYC, 1 ms on the Xeon): float32 on the EPYC, qa 0.934 -> 0.967 of the best fixed budget (plain
+   included), alpaca 0.991 -> 1.003, all 0.993 -> 0.998, sum unchanged (0.941); bf16 on the Xeon within 0.003 on
+   every dataset (all 0.997 -> 0.996). Tried and left out: a least-squares line from agreement to speed through all
+   pairs (sum 0.941 -> 0.926, it started sum prompts plain on qa's evidence); the agreement over every prompt
+   position (its heads cost 2.8 s on a 700-token sum prompt there); asking whenever a trial was due (it paid long
+   prompts' catch-ups that the controller would have declined).
+
 Not modelled: keep_growing looks one layer ahead;
 a step stopped early by keep_growing is taken to be what every larger budget would have built (true
 up to keep_growing's own dependence on the budget).
@@ -480,7 +505,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Mapping, NamedTuple, Sequence
 
-from .errors import bad_argument
+from .errors import TalonError, bad_argument
 
 DEFAULT_LADDER = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64)
 DEFAULT_CALIBRATION_EDGES = (0.0, -0.1, -0.25, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0, -8.0)  # then -inf
@@ -495,6 +520,10 @@ ANCHOR_GAP = 0.1  # below the anchor, a candidate this much faster needs no pair
 SHAPE_PRIOR_STEPS = 1.0  # the chain bound's weight, in steps, beside drafted steps in a predicted rate (design 23)
 RECENT_SAMPLES = 3  # a cost curve's size keeps at least its newest 3 samples in the fit (design 21)
 LEAN_FLOOR = 8  # a drafted choice below this leans to the first candidate >= it (or initial_budget if less; design 17)
+PRIOR_NEIGHBOURS = 2  # a prompt prior needs this many earlier sequences near the prompt's agreement (design 29)
+PRIOR_MIN_TOKENS = 4  # a sequence teaches the prior only after this many tokens from its drafted steps (design 29)
+PRIOR_PAIRS = 64  # (agreement, drafted speed over plain) pairs kept, newest last (design 29)
+PRIOR_SAMPLE_EVERY = 4  # ... once PRIOR_NEIGHBOURS * 4 pairs show no loss, only every 4th sequence measures its prompt
 NEW_COMMAND_MARGIN = 1.25  # a new command keeps the carried drafted choice only if it beat plain by this factor (design 27)
 CHILD_PRIOR_SHARE = 0.7  # prior: an accepted, expanded node has one of its drafted children accepted 70% of the time
 # why a step got its budget (:attr:`BudgetController.reason`, recorded per step in the decoding stats)
@@ -789,6 +818,9 @@ class ControllerSettings:
                             (design 28; 1: once over, as a smaller catch-up)
     leave_plain_margin      from plain decoding, a drafted candidate becomes the choice only when its rate beats
                             plain decoding's by more than this share (design 28; 0: any faster candidate)
+    prompt_prior_width      a new sequence whose prompt agreement is known starts plain when the earlier sequences
+                            whose agreement lies within this distance of it drafted, on average, slower than plain
+                            decoding (design 29; 0: never)
     """
 
     max_budget: int = 64
@@ -828,6 +860,7 @@ class ControllerSettings:
     bet_window: int = 64
     bet_margin: float = 1.5
     leave_plain_margin: float = 0.05
+    prompt_prior_width: float = 0.05
 
     def __post_init__(self) -> None:
         for name in ("allow_plain", "early_stop", "predict_trials"):
@@ -865,6 +898,8 @@ class ControllerSettings:
         _check_number("dominance_margin", self.dominance_margin, "a number in [0, 1)", lambda x: 0 <= x < 1)
         _check_number("bet_margin", self.bet_margin, "a finite number >= 1", lambda x: x >= 1)
         _check_number("leave_plain_margin", self.leave_plain_margin, "a finite number >= 0", lambda x: x >= 0)
+        _check_number("prompt_prior_width", self.prompt_prior_width, "a number in [0, 1] (0: no prompt prior)",
+                      lambda x: 0 <= x <= 1)
         _check_number("lean_reach", self.lean_reach, "a number >= 1 (1: the next rung)", lambda x: x >= 1)
         _check_number("anchor_z", self.anchor_z, "a number >= 0 (0: no anchor)", lambda x: x >= 0)
         _check_number("lean_margin", self.lean_margin, "a number in [0, 1) (0: never lean)", lambda x: 0 <= x < 1)
@@ -1246,6 +1281,11 @@ class BudgetController:
         self._last_ran: dict[int, int] = {}  # budget -> steps observed when its last step was (design 21)
         self._drafted_before = True  # the previous sequence ran a drafted step (this one's: _own_outcomes)
         self._last_trial_end = 0  # the step the last trial ended at (design 12)
+        self._prompt_pairs: deque[tuple[float, float]] = deque(maxlen=PRIOR_PAIRS)  # design 29, carried over
+        self._agreement: float | None = None  # this sequence's prompt agreement, once the loop measured it
+        self._prior: dict | None = None  # what design 29 predicted for this sequence (summary)
+        self._own_drafted = [0, 0.0]  # this sequence's drafted steps: committed tokens, seconds
+        self._sequences = 0  # sequences before this one (for_next_sequence)
         self._reset_schedule()
         self._rates: dict[int, float] = {}
         self._histogram: Counter = Counter()
@@ -1272,6 +1312,11 @@ class BudgetController:
         16-32 steps (0.87-0.88 of the best fixed N on a synthetic code -> chat switch against 0.89):
         a gap halves 32 samples to 16 steps' worth, still more than a short request's own steps."""
         follower = copy.deepcopy(self)
+        speed = self._drafted_speed()
+        if speed is not None:  # design 29: what a prompt agreeing this much drafted at, on this machine
+            follower._prompt_pairs.append((self._agreement, speed))
+        follower._agreement, follower._prior, follower._own_drafted = None, None, [0, 0.0]
+        follower._sequences += 1
         follower._planned = None
         follower._previous_plain = True  # the new sequence's drafter starts with its prompt to forward
         if follower._sequence_tokens > 0:  # a sequence cut by its token limit would have gone on: length unknown
@@ -1394,6 +1439,65 @@ class BudgetController:
         """Why the planned (or last planned) step got its budget: a key of :data:`REASONS`."""
         return self._reason
 
+    @property
+    def prompt_prior(self) -> dict | None:
+        """What design 29 made of this sequence's prompt (agreement, neighbours, predicted speed, started plain), or
+        None before :meth:`observe_prompt`."""
+        return self._prior
+
+    def prompt_agreement_due(self, catch_up_tokens: int = 0, tokens_left: int | None = None) -> bool:
+        """Whether the loop should measure this sequence's prompt agreement before its first step (design 29): the
+        sequence has run no step, the prior is on (``prompt_prior_width`` > 0, plain decoding allowed), and the
+        first step would draft (:meth:`next_budget` with the same arguments, asked of a copy: this controller is
+        left as it was). A plain first step has nothing to be spared, and the draft's prompt forward, which the
+        measurement runs at once, is then one the first step would have run anyway."""
+        if (self._sequence_tokens or self._agreement is not None or not self.settings.allow_plain
+                or self.settings.prompt_prior_width <= 0 or self._planned is not None):
+            return False
+        pairs = self._prompt_pairs
+        if (len(pairs) >= PRIOR_NEIGHBOURS * PRIOR_SAMPLE_EVERY and all(speed >= 1 for _, speed in pairs)
+                and self._sequences % PRIOR_SAMPLE_EVERY):
+            return False  # drafting paid on every prompt measured: only a sample of the prompts pays the heads
+        return copy.deepcopy(self).next_budget(catch_up_tokens, tokens_left) > 1
+
+    def observe_prompt(self, agreement: float) -> None:
+        """The share of prompt positions where the draft's argmax equals the target's (design 29). When the
+        earlier sequences whose agreement lies within ``prompt_prior_width`` of it (at least
+        :data:`PRIOR_NEIGHBOURS`) drafted, on average, slower than plain decoding on this machine, the carried
+        acceptance samples are dropped and the choice is plain decoding: the sequence then drafts only once its own
+        text shows it pays (trials from plain, design 12). Call before the sequence's first step."""
+        if not _is_number(agreement) or not 0 <= agreement <= 1:
+            raise bad_argument("agreement", agreement, "a number in [0, 1]")
+        if self._sequence_tokens:
+            raise TalonError("observe_prompt: the sequence has already run steps (call it before the first)")
+        self._agreement = float(agreement)
+        width = self.settings.prompt_prior_width
+        near = [speed for other, speed in self._prompt_pairs if abs(other - agreement) <= width]
+        predicted = sum(near) / len(near) if len(near) >= PRIOR_NEIGHBOURS else None
+        start_plain = predicted is not None and predicted < 1.0 and self.settings.allow_plain and width > 0
+        self._prior = {"agreement": round(self._agreement, 4), "neighbours": len(near),
+                       "predicted_speed": None if predicted is None else round(predicted, 4),
+                       "started_plain": start_plain}
+        if start_plain:
+            for samples in self._samples:  # all carried: the sequence has no samples of its own yet
+                samples.clear()
+            self.predictability.recent.clear()  # the last text's confidences: design 12 predicts from this one's
+            self._choice = 1
+            plain = self._plain_rate()
+            self._rates = {1: plain} if plain is not None else {}
+            self._next_trial = max(self._next_trial, self._step + self._interval)  # no scheduled probe at once
+            self._planned = None
+            self._version += 1
+
+    def _drafted_speed(self) -> float | None:
+        """This sequence's drafted steps' tokens per second over plain decoding's modelled rate, when its prompt
+        agreement is known and they committed at least :data:`PRIOR_MIN_TOKENS` (design 29); else None."""
+        tokens, seconds = self._own_drafted
+        plain = self._plain_rate()
+        if self._agreement is None or tokens < PRIOR_MIN_TOKENS or seconds <= 0 or not plain:
+            return None
+        return tokens / seconds / plain
+
     def keep_growing(self, tree_log_p: Sequence[float], frontier: Sequence[int], widths_so_far: Sequence[int],
                      budget: int) -> bool:
         """Whether to run the next draft forward (design 4). ``tree_log_p`` [size] cumulative draft log p of
@@ -1477,6 +1581,9 @@ class BudgetController:
             self._branch_width = decay * self._branch_width + sum(record.forward_widths[1:])
         # 3. bookkeeping
         seconds = sum(record.draft_seconds) + (apart or 0.0) + record.verify_seconds + record.other_seconds
+        if forwards > 0:
+            self._own_drafted[0] += len(record.accepted) + 1
+            self._own_drafted[1] += seconds
         keep = self._exploration_keep
         self._observed_seconds = keep * self._observed_seconds + seconds
         self._lost_seconds *= keep
@@ -1524,6 +1631,7 @@ class BudgetController:
             "catch_up_seconds": self.catch_up_cost.points(),
             "catch_up_skips": self._catch_up_skips,
             "carried_released_after": self._released_at,
+            "prompt_prior": self.prompt_prior,
             "exploration_lost_seconds": round(self._lost_seconds, 6),
             "growth_checks": self._growth_checks,
             "early_stops": self._early_stops,

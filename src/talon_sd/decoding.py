@@ -92,9 +92,7 @@ def decode(pipeline: Pipeline, prompt_ids: torch.Tensor, stop: StopCondition, st
     stats.prompt_tokens = int(prompt_ids.numel())
     stats.started = started = time.perf_counter()
     capture = drafter.feature_layers if drafter is not None else ()  # target states the drafter reads
-    features = target.prefill(prompt_ids[:-1], capture)
-    if drafter is not None:
-        drafter.start(prompt_ids, features)
+    _prefill(pipeline, prompt_ids, capture, stop, stats)
     stats.seconds_prefill += time.perf_counter() - started
     root = int(prompt_ids[-1])
     try:
@@ -132,6 +130,39 @@ def decode(pipeline: Pipeline, prompt_ids: torch.Tensor, stop: StopCondition, st
             root = acceptance.bonus_token
     finally:
         stats.finish(len(stop.tokens))
+
+
+AGREEMENT_POSITIONS = 64  # prompt positions whose argmaxes the two models compare (design 29)
+
+
+def agreement_positions(length: int) -> torch.Tensor:
+    """[K]: up to :data:`AGREEMENT_POSITIONS` positions spread evenly over ``length`` >= 1 (all of them when fewer)."""
+    return torch.linspace(0, length - 1, min(AGREEMENT_POSITIONS, length)).round().long().unique()
+
+
+def _prefill(pipeline: Pipeline, prompt_ids: torch.Tensor, capture: tuple[int, ...], stop: StopCondition,
+             stats: DecodeStats) -> None:
+    """Fill the target's cache with the prompt but its last token and start the drafter. Where the controller asks
+    for it (design 29 of :mod:`talon_sd.control`), also tell it the prompt's draft/target agreement: the share of
+    :func:`agreement_positions` where the two models' argmax is the same token (the output heads run over those
+    positions only; the draft forwards its prompt now instead of at its first step), recorded in ``stats``."""
+    target, drafter, controller = pipeline.target, pipeline.drafter, pipeline.controller
+    context = prompt_ids[:-1]  # [L - 1]
+    if (controller is None or drafter is None or not drafter.reads_prompt or capture or not context.numel()
+            or not controller.prompt_agreement_due(int(context.numel()), stop.max_new_tokens)):
+        features = target.prefill(context, capture)
+        if drafter is not None:
+            drafter.start(prompt_ids, features)
+        return
+    at = agreement_positions(int(context.numel()))  # [K]
+    logits_target = target.prefill_logits(context, at)  # [K, V]
+    drafter.start(prompt_ids, None)
+    logits_draft = drafter.prompt_logits(at)  # [K, V] or None
+    if logits_draft is not None:
+        agree = logits_target.argmax(-1) == logits_draft.to(logits_target.device).argmax(-1)  # [K]
+        stats.prompt_agreement = agree.float().mean().item()
+        controller.observe_prompt(stats.prompt_agreement)
+        stats.prompt_started_plain = bool(controller.prompt_prior and controller.prompt_prior["started_plain"])
 
 
 def _verify_forward(target: CausalLM, tree: DraftTree, capture: tuple[int, ...]):

@@ -224,6 +224,23 @@ class CausalLM:
         self.cache.positions = torch.arange(int(tokens.numel()))
         return _features(output.hidden_states, capture) if capture else None
 
+    @torch.inference_mode()
+    def prefill_logits(self, tokens: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+        """:meth:`prefill` ``tokens`` [L >= 1] and return float32 logits ``[K, V]`` at positions ``at`` [K] (indices
+        into ``tokens``): the output head runs over those K rows alone, not all L."""
+        self.reset()
+        decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else None
+        head = self.model.get_output_embeddings() if hasattr(self.model, "get_output_embeddings") else None
+        if decoder is None or head is None:
+            return self.forward(tokens)[at.to(self.device)]
+        output = decoder(input_ids=tokens.to(self.device)[None], **{_cache_keyword(decoder): self.cache.cache},
+                         use_cache=True)
+        self.cache.positions = torch.arange(int(tokens.numel()))
+        logits = head(output.last_hidden_state[0, at.to(self.device)]).float()  # [K, V]
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return logits
+
     def forward_tree(self, tree, capture: tuple[int, ...] = ()):
         """Verify a :class:`DraftTree` whose root follows the cache: logits ``[N, V]``, one per node
         (and with ``capture``, the nodes' features ``[N, H * len(capture)]``)."""

@@ -33,6 +33,8 @@ class DecodeStats:
     layer_width_sums: list[int] = field(default_factory=list)  # summed width of each depth over steps
     reached: list[int] = field(default_factory=list)  # steps whose tree reaches depth d (d = 1..)
     accepted_at: list[int] = field(default_factory=list)  # steps that accepted a node at depth d
+    prompt_agreement: float | None = None  # the prompt's draft/target argmax agreement, where the controller asked
+    prompt_started_plain: bool = False  # ... and it started the generation plain (design 29 of talon_sd.control)
     seconds_prefill: float = 0.0
     seconds_draft: float = 0.0  # inside draft-model forwards
     seconds_build: float = 0.0  # the rest of each step: tree construction, cache commit, bookkeeping
@@ -107,6 +109,8 @@ class DecodeStats:
             "mean_tree_depth": round(sum(self.tree_depths) / steps, 3),
             "mean_layer_width": [round(w / steps, 3) for w in self.layer_width_sums],
             "depth_acceptance": [round(a / r, 4) if r else 0.0 for a, r in zip(self.accepted_at, self.reached)],
+            "prompt_agreement": None if self.prompt_agreement is None else round(self.prompt_agreement, 4),
+            "prompt_started_plain": self.prompt_started_plain,
             "seconds_prefill": round(self.seconds_prefill, 4),
             "seconds_draft": round(self.seconds_draft, 4),
             "seconds_build": round(self.seconds_build, 4),

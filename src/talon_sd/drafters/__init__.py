@@ -15,6 +15,10 @@ drafter never proposes an id the target cannot score (ids it does not know get `
 may run no ``expand`` at all (the ``ar`` builder, or a budget of 1 chosen by the online controller):
 ``accept`` is still called and the drafter must keep its context in step with the committed tokens.
 
+``prompt_logits(at)``: where the online controller asks for the prompt's draft/target agreement, the loop calls
+this right after ``start`` (drafters with ``reads_prompt``): the drafter forwards its prompt then, not at the first
+step, and returns its logits at the prompt positions ``at``.
+
 ``features``: a drafter that reads the target's hidden states (EAGLE-3 heads) names the layers in
 :attr:`Drafter.feature_layers`; the target's forwards that already run (prefill, tree verification)
 return those states, and the loop hands over the rows of the committed tokens only: for ``start``

@@ -16,6 +16,7 @@ class Drafter(ABC):
 
     name: ClassVar[str]
     feature_layers: ClassVar[tuple[int, ...]] = ()  # target hidden-state layers this drafter reads
+    reads_prompt: ClassVar[bool] = False  # prompt_logits can return the draft's logits over the prompt
 
     @property
     def catch_up_tokens(self) -> int:
@@ -41,6 +42,14 @@ class Drafter(ABC):
         expand then forwards the root alone, so the loop can time the catch-up and the root's forward apart
         (:mod:`talon_sd.control` design 23). The default does nothing and returns False."""
         return False
+
+    def prompt_logits(self, at: torch.Tensor) -> torch.Tensor | None:
+        """Right after :meth:`start`: forward the prompt now, as :meth:`catch_up` would (no catch-up is then left
+        for the first step), and return the draft's logits ``[K, V_target]`` at prompt positions ``at`` [K] (each
+        predicting the token after it), or None. What the decoding loop compares with the target's to measure
+        the prompt's draft/target agreement (design 29 of :mod:`talon_sd.control`); only drafters with
+        :attr:`reads_prompt` are asked. The default returns None."""
+        return None
 
     @abstractmethod
     def expand(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:

@@ -29,6 +29,7 @@ class ModelDrafter(Drafter):
     """
 
     name = "model"
+    reads_prompt = True
 
     def __init__(self, model, target_vocab_size: int | None = None) -> None:
         self.lm = model if isinstance(model, CausalLM) else CausalLM(model, role="draft")
@@ -63,6 +64,13 @@ class ModelDrafter(Drafter):
         self.lm.prefill(torch.tensor(prefix, dtype=torch.long))
         self.pending, self.prefilled = self.pending[-1:], True
         return bool(prefix)
+
+    def prompt_logits(self, at):
+        if self.prefilled or self.drafted or len(self.pending) < 2:
+            return None
+        logits = self.lm.prefill_logits(torch.tensor(self.pending[:-1], dtype=torch.long), at)  # [K, V_draft]
+        self.pending, self.prefilled, self.undrafted = self.pending[-1:], True, 0
+        return self._to_target_vocab(logits)
 
     def expand(self, tree, nodes):
         if not self.drafted:  # first forward of the step: the committed tokens not in the cache yet, root last
