@@ -1,17 +1,20 @@
-"""Exploration (not a controller design yet): can a prompt's draft/target agreement start a request plain?
+"""The exploration behind design 29: can a prompt's draft/target agreement start a request plain?
 
 Replays the online controller on sweep 13's recorded trees as ``scripts/replay_positions.py`` does (same clock, same
 order, same warm-up), with one addition at each first-turn prompt whose agreement is known (``--agreement``, written
-from ``scripts/prompt_agreement.py``'s measures): a least-squares line, fitted on the turns before it, from the
-prompt's agreement to fixed N = 16's speed over plain decoding on ``--hardware`` (noise-free replay of each earlier
-turn's whole answer: an optimistic stand-in for what a loop could measure of its past requests); when the line
-predicts this prompt below ``1 - margin`` of plain decoding, the carried acceptance samples are dropped and the choice
-set to plain decoding, so the request decides from its own steps (rates are ratios of sums: scaling the carried
-samples down, design 8's release, leaves its first step drafting). It reaches into the controller's private state;
-the design it tries is not in ``talon_sd/control.py``. Prints auto over the best fixed budget (plain included) per
-dataset, median over ``--seeds``.
+by ``scripts/prompt_agreement.py --json``; ``--measure`` picks which): a prediction of the prompt's speed over plain
+decoding from the turns before it, either a least-squares line through all of them (``--rule line``) or the mean of
+those within 0.05 of its agreement (``--rule near``, what design 29 kept), each turn's speed being fixed N = 16's
+noise-free replay of its whole answer (``--pairs replay``, an optimistic stand-in) or what auto's own drafted steps
+measured over its plain rate (``--pairs measured``, what a loop has). When the prediction is below ``1 - margin``,
+the carried acceptance samples are dropped and the choice set to plain decoding (rates are ratios of sums: scaling
+the carried samples down, design 8's release, leaves its first step drafting). It reaches into the controller's
+private state and ignores the heads' cost; the design as built (``talon_sd/control.py``, design 29) is replayed with
+``scripts/replay_positions.py --agreement``. Prints auto over the best fixed budget (plain included) per dataset,
+median over ``--seeds``.
 
     python scripts/replay_prompt_prior.py docs/bench/online-sweep13/positions.jsonl.gz --hardware avx2-fp32
+    python scripts/replay_prompt_prior.py ... --rule near --pairs measured --margins 0
 """
 
 from __future__ import annotations
