@@ -33,6 +33,7 @@ import replay_positions as replay  # noqa: E402
 
 from talon_sd.bench.datasets import load_prompts  # noqa: E402
 from talon_sd.bench.runner import prompt_ids  # noqa: E402
+from talon_sd.decoding import agreement_positions  # noqa: E402
 from talon_sd.generator import SpeculativeGenerator  # noqa: E402
 
 TAIL = 64  # prompt positions of the "tail" measure
@@ -48,7 +49,7 @@ def prompt_measures(generator: SpeculativeGenerator, ids: torch.Tensor) -> dict[
     top_target = logits_target[:, :vocab].argmax(-1)  # [L]
     agree = (top_target == logits_draft[:, :vocab].argmax(-1)).float()  # [L]
     p_draft = logits_draft.softmax(-1)
-    spread = torch.linspace(0, ids.numel() - 2, min(TAIL, ids.numel() - 1)).round().long().unique()
+    spread = agreement_positions(ids.numel() - 1)  # what the decoding loop measures (all but the last token)
     return {
         "agree": agree.mean().item(),
         "tail": agree[-TAIL:].mean().item(),

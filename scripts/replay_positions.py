@@ -43,6 +43,7 @@ from controller_scenarios import INTEL_BF16_MS  # noqa: E402
 from test_control import AVX2_FP32_MS, measured_curve  # noqa: E402
 
 from talon_sd.control import BudgetController, ControllerSettings, StepRecord  # noqa: E402
+from talon_sd.decoding import AGREEMENT_POSITIONS  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -151,7 +152,7 @@ def replay_step(turn: Turn, start: int, budget: int, pending: int, clock: Clock,
 def replay_turn(turn: Turn, policy: BudgetController | int | Callable[[int, float], int], clock: Clock,
                 max_new_tokens: int, tokens: int | None = None, steps: list | None = None,
                 agreement: float | None = None,
-                agreement_positions: int = 64) -> tuple[int, float, list[int], list[str]]:
+                agreement_positions: int = AGREEMENT_POSITIONS) -> tuple[int, float, list[int], list[str]]:
     """(tokens, seconds, budgets, reasons) of one request: a controller, a fixed budget, or a rule giving each step's
     budget from the last step's committed tokens (0 before the first) and the target's confidence there.
     ``steps``, if given, receives each step's (budget, committed tokens, seconds). ``agreement``: the prompt's
@@ -212,7 +213,8 @@ def load_turns(paths: list[pathlib.Path]) -> list[Turn]:
 
 def replay(turns: list[Turn], seed: int, fixed: list[int], noise: float, max_new_tokens: int,
            settings: ControllerSettings, hardware: Hardware,
-           agreements: dict | None = None, agreement_positions: int = 64) -> tuple[dict, Counter]:
+           agreements: dict | None = None,
+           agreement_positions: int = AGREEMENT_POSITIONS) -> tuple[dict, Counter]:
     """Per dataset and policy ('auto' and each fixed budget): [tokens, seconds]; auto's reasons. ``agreements``:
     prompt agreements by turn index (design 29), told to auto where it asks."""
     totals: dict = defaultdict(lambda: defaultdict(lambda: [0, 0.0]))
@@ -311,7 +313,7 @@ def main(argv=None) -> int:
                              "(default: none, the prior never acts)")
     parser.add_argument("--measure", default="spread",
                         help="which measure of --agreement is the agreement (agree: over every prompt position, "
-                             "its heads' cost charged so; the others over 64)")
+                             "its heads' cost charged so; the others over 64, the loop's AGREEMENT_POSITIONS)")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="a ControllerSettings field for this replay (e.g. lean_margin=0.05); repeatable")
     args = parser.parse_args(argv)
@@ -332,7 +334,7 @@ def main(argv=None) -> int:
     ratios, rates, reasons = defaultdict(list), defaultdict(lambda: defaultdict(list)), Counter()
     for seed in range(args.seeds):
         totals, why = replay(turns, seed, fixed, args.noise, args.max_new_tokens, settings, hardware, agreements,
-                             10 ** 6 if args.measure == "agree" else 64)
+                             10 ** 6 if args.measure == "agree" else AGREEMENT_POSITIONS)
         reasons.update(why)
         for dataset, by_policy in totals.items():
             rate = {label: tokens / seconds for label, (tokens, seconds) in by_policy.items()}

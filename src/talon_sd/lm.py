@@ -219,9 +219,7 @@ class CausalLM:
         if decoder is None:
             output = self.forward(tokens, last_only=True, capture=capture)
             return output[1] if capture else None
-        output = decoder(input_ids=tokens.to(self.device)[None], **{_cache_keyword(decoder): self.cache.cache},
-                         use_cache=True, output_hidden_states=bool(capture))
-        self.cache.positions = torch.arange(int(tokens.numel()))
+        output = self._prefill_decoder(decoder, tokens, capture)
         return _features(output.hidden_states, capture) if capture else None
 
     @torch.inference_mode()
@@ -233,13 +231,19 @@ class CausalLM:
         head = self.model.get_output_embeddings() if hasattr(self.model, "get_output_embeddings") else None
         if decoder is None or head is None:
             return self.forward(tokens)[at.to(self.device)]
-        output = decoder(input_ids=tokens.to(self.device)[None], **{_cache_keyword(decoder): self.cache.cache},
-                         use_cache=True)
-        self.cache.positions = torch.arange(int(tokens.numel()))
+        output = self._prefill_decoder(decoder, tokens)
         logits = head(output.last_hidden_state[0, at.to(self.device)]).float()  # [K, V]
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return logits
+
+    def _prefill_decoder(self, decoder, tokens: torch.Tensor, capture: tuple[int, ...] = ()):
+        """The decoder stack alone over ``tokens`` [L] into the (reset) cache; its output (hidden states of every
+        layer with ``capture``)."""
+        output = decoder(input_ids=tokens.to(self.device)[None], **{_cache_keyword(decoder): self.cache.cache},
+                         use_cache=True, output_hidden_states=bool(capture))
+        self.cache.positions = torch.arange(int(tokens.numel()))
+        return output
 
     def forward_tree(self, tree, capture: tuple[int, ...] = ()):
         """Verify a :class:`DraftTree` whose root follows the cache: logits ``[N, V]``, one per node
