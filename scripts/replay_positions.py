@@ -16,6 +16,7 @@ fixed budget (median), and auto's reasons.
 
     python scripts/replay_positions.py docs/bench/online-sweep13/positions.jsonl.gz [--seeds 8] [--set lean_reach=1] [--hindsight]
     python scripts/replay_positions.py docs/bench/online-sweep13/positions.jsonl.gz --hardware avx2-fp32 --fixed 1,4,8,16,24,32 --bar 1
+    python scripts/replay_positions.py ... --order humaneval,qa   # only these datasets, in this order (chat after code)
 
 (``docs/bench/online-sweep13/positions.jsonl.gz``: the 35 prompt turns of sweep 13, trees of 32 nodes, bf16 on the
 Intel Xeon; recorded in 70 minutes.)
@@ -314,10 +315,19 @@ def main(argv=None) -> int:
     parser.add_argument("--measure", default="spread",
                         help="which measure of --agreement is the agreement (agree: over every prompt position, "
                              "its heads' cost charged so; the others over 64, the loop's AGREEMENT_POSITIONS)")
+    parser.add_argument("--order", default=None, metavar="DATASETS",
+                        help="replay only these datasets, in this order (comma-separated, e.g. humaneval,qa: a chat "
+                             "dataset right after code); default: every turn in the sweep's order")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="a ControllerSettings field for this replay (e.g. lean_margin=0.05); repeatable")
     args = parser.parse_args(argv)
     turns = load_turns(args.positions)
+    if args.order is not None:
+        order = args.order.split(",")
+        unknown = sorted(set(order) - {turn.dataset for turn in turns})
+        if unknown:
+            parser.error(f"--order: no recorded turns of {unknown}")
+        turns = [turn for dataset in order for turn in turns if turn.dataset == dataset]
     hardware = HARDWARE[args.hardware]
     recorded = max(len(p["tokens"]) for t in turns for p in t.positions)
     fixed = [int(k) for k in args.fixed.split(",")]

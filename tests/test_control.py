@@ -823,6 +823,7 @@ def test_early_stop_can_be_switched_off():
     ("leave_plain_margin", -0.01), ("leave_plain_margin", math.nan), ("leave_plain_margin", math.inf),
     ("bet_window", 0), ("bet_window", 1.5), ("bet_margin", 0.9), ("bet_margin", math.inf),
     ("prompt_prior_width", -0.01), ("prompt_prior_width", 1.5), ("prompt_prior_width", math.nan),
+    ("prompt_gap", -0.1), ("prompt_gap", 2.0), ("prompt_gap", "0.1"),
 ])
 def test_bad_settings_name_the_field(field_name, value):
     with pytest.raises(TalonError, match=f"^{field_name}:"):
@@ -1348,11 +1349,12 @@ def test_a_catch_up_costs_at_most_its_rows_of_a_draft_forward_near_the_widths_me
     assert controller._catch_up_seconds(17) == pytest.approx(6.4 * 17 / 64)
 
 
-def prompt_session(worlds: dict, agreements: dict, kinds: list[str], width: float, seed: int) -> list[tuple]:
+def prompt_session(worlds: dict, agreements: dict, kinds: list[str], width: float, seed: int,
+                   gap: float = 0.0) -> list[tuple]:
     """One process serving ``kinds`` (keys of ``worlds``) in turn, 48 tokens each after a 40-token prompt, the loop
-    telling the carried controller each prompt's agreement where it asks (design 29): per request (kind, started
-    plain, tokens, seconds, plain decoding's seconds on the same draws)."""
-    controller = BudgetController(ControllerSettings(prompt_prior_width=width))
+    telling the carried controller each prompt's agreement where it asks (design 29; design 30's ``gap``, off by
+    default): per request (kind, started plain, tokens, seconds, plain decoding's seconds on the same draws)."""
+    controller = BudgetController(ControllerSettings(prompt_prior_width=width, prompt_gap=gap))
     rows = []
     for index, kind in enumerate(kinds):
         controller = controller.for_next_sequence()
@@ -1401,6 +1403,59 @@ def test_a_prompt_agreeing_like_earlier_slow_ones_starts_plain_where_drafting_lo
         assert all(row[4] > row[3] for row in rows)  # drafting paid on every request
 
 
+def test_the_first_prompt_far_below_the_carried_evidence_starts_plain_where_trees_are_steep_to_verify():
+    # Design 30. Two code answers (the draft agrees with the target on 80% of the prompt), then the first chat
+    # answer (45%): design 29 has no chat neighbours yet. On the AVX2 curves chat starts plain and runs faster than it
+    # did on code's carried samples, no slower than plain decoding; on flat verification (bf16) nothing changes.
+    agreements, kinds = {"code": 0.8, "chat": 0.45}, ["code", "code", "chat"]
+    verify, draft = measured_curve(AVX2_FP32_MS["target"]), measured_curve(AVX2_FP32_MS["draft"])
+    avx2 = {"code": World(verify=verify, draft=draft, other=0.005, agree=0.995, confidence=(0.95, 0.999),
+                          catch_up=0.01),  # N = 16 runs 1.38x plain decoding here
+            "chat": World(verify=verify, draft=draft, other=0.005, agree=0.7, confidence=(0.3, 0.9), catch_up=0.01)}
+    with_gap, without = [], []
+    for seed in range(4):
+        rows = prompt_session(avx2, agreements, kinds, 0.05, 100 * seed, gap=0.15)
+        before = prompt_session(avx2, agreements, kinds, 0.05, 100 * seed)
+        assert [row[1] for row in rows] == [False, False, True] and not any(row[1] for row in before)
+        with_gap.append(rows[2][4] / rows[2][3])  # chat's speed over plain decoding (same tokens)
+        without.append(before[2][4] / before[2][3])
+    assert statistics.median(with_gap) > statistics.median(without) + 0.02, (with_gap, without)
+    assert min(with_gap) >= 0.97, with_gap
+    bf16 = measured_curve(CPU_FACTS_MS["bf16"])
+    flat = {kind: dataclasses.replace(world, verify=bf16, draft=lambda width: 0.3 * bf16(width), catch_up=0.002)
+            for kind, world in avx2.items()}
+    for seed in range(2):
+        rows = prompt_session(flat, agreements, kinds, 0.05, 100 * seed, gap=0.15)
+        assert rows == prompt_session(flat, agreements, kinds, 0.05, 100 * seed)
+
+
+def test_the_gap_rule_needs_a_far_prompt_steep_verification_and_too_few_neighbours():
+    steep = World(verify=lambda size: 1.0 + 0.1 * size, draft=lambda width: 0.1, agree=0.97, confidence=(0.8, 0.99))
+    flat = dataclasses.replace(steep, verify=lambda size: 1.0 + 0.01 * size)
+
+    def told(world, pairs, agreement, gap=0.15):
+        controller = BudgetController(ControllerSettings(initial_budget=16, prompt_gap=gap))
+        simulate(world, 40, controller)  # measures plain and drafted verifies, drafts on
+        follower = controller.for_next_sequence()
+        follower._prompt_pairs.extend(pairs)
+        assert follower.choice > 1 and follower.prompt_agreement_due()
+        follower.observe_prompt(agreement)
+        return follower
+
+    code = [(0.8, 1.6)]
+    controller = told(steep, code, 0.5)
+    assert controller.prompt_prior["far_below"] and controller.prompt_prior["started_plain"]
+    assert controller.choice == 1 and set(controller.rates()) == {1}
+    assert told(steep, code, 0.7).choice > 1  # within the gap
+    # the last pair (the carried source) is 0.8, but a near prompt drafted faster than plain, or two did
+    assert told(steep, [(0.5, 1.6), (0.8, 1.6)], 0.52).choice > 1
+    assert told(steep, [(0.4, 1.2)] * 2 + code, 0.4).choice > 1
+    assert told(steep, [(0.5, 0.9), (0.8, 1.6)], 0.52).choice == 1  # one near prompt, slower than plain
+    assert told(steep, code, 0.5, gap=0.0).choice > 1  # the rule off
+    flat_prior = told(flat, code, 0.5).prompt_prior  # a tree costs little more than a plain step to verify
+    assert not flat_prior["far_below"] and not flat_prior["started_plain"]
+
+
 def drafted_sequence(agreement: float | None, accepted: int = 3, steps: int = 2) -> BudgetController:
     """A fresh controller that measured plain decoding (1 s a step) and then drafted ``steps`` chain steps of 4
     nodes committing ``accepted`` + 1 tokens each (1.3 s a step), after being told ``agreement``."""
@@ -1437,7 +1492,7 @@ def test_the_prompt_prior_starts_plain_only_on_enough_near_evidence_of_a_loss():
     slow = [(0.45, 0.8), (0.47, 0.9), (0.8, 1.4)]
     controller = told(slow, 0.46)
     assert controller.summary()["prompt_prior"] == {"agreement": 0.46, "neighbours": 2, "predicted_speed": 0.85,
-                                                    "started_plain": True}
+                                                    "far_below": False, "started_plain": True}
     assert controller.choice == 1 and controller.next_budget(39, 128) == 1  # no scheduled probe at once
     assert not controller.prompt_agreement_due()  # told once per sequence
     assert told(slow, 0.8).choice == 16  # one neighbour only (1.4): not enough evidence
