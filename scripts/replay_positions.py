@@ -76,7 +76,7 @@ HARDWARE = {
     # draft's catch-up of a 709-token sum prompt 5.2-5.8 s; the target's prefill of it 17.7-21.0 s; 10-30 ms of
     # other work a drafted step)
     "avx2-fp32": Hardware(AVX2_FP32_MS["target"], AVX2_FP32_MS["draft"], 0.015, 0.008, 0.3, 0.027,
-                          0.0041),  # (the heads: 0.16 s measured over a 39-token prompt)
+                          0.009),  # (the heads: 0.35 s over a 39-token prompt's 38 rows, target 0.26 + draft 0.09)
     # an NVIDIA H200 through transformers' eager forward, bf16, the pair's shapes with random weights (docs/
     # BENCHMARKS.md section 5, "On a GPU": scripts/forward_costs.py --device cuda; 5.6 ms of tree building a drafted
     # step; a catch-up rides on the draft's first forward at no measurable cost; prefill 0.02 s)
@@ -327,6 +327,8 @@ def main(argv=None) -> int:
         unknown = sorted(set(order) - {turn.dataset for turn in turns})
         if unknown:
             parser.error(f"--order: no recorded turns of {unknown}")
+        if len(set(order)) < len(order):
+            parser.error(f"--order: a dataset named twice in {args.order!r} (each is replayed once)")
         turns = [turn for dataset in order for turn in turns if turn.dataset == dataset]
     hardware = HARDWARE[args.hardware]
     recorded = max(len(p["tokens"]) for t in turns for p in t.positions)

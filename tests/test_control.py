@@ -1353,7 +1353,8 @@ def prompt_session(worlds: dict, agreements: dict, kinds: list[str], width: floa
                    gap: float = 0.0) -> list[tuple]:
     """One process serving ``kinds`` (keys of ``worlds``) in turn, 48 tokens each after a 40-token prompt, the loop
     telling the carried controller each prompt's agreement where it asks (design 29; design 30's ``gap``, off by
-    default): per request (kind, started plain, tokens, seconds, plain decoding's seconds on the same draws)."""
+    default): per request (kind, started plain, tokens, seconds, plain decoding's seconds on the same draws, what the
+    controller made of the prompt or None)."""
     controller = BudgetController(ControllerSettings(prompt_prior_width=width, prompt_gap=gap))
     rows = []
     for index, kind in enumerate(kinds):
@@ -1364,7 +1365,7 @@ def prompt_session(worlds: dict, agreements: dict, kinds: list[str], width: floa
         plain = simulate(worlds[kind], None, 1, seed=seed + index, prompt=40, tokens=48)
         prior = controller.summary()["prompt_prior"]
         rows.append((kind, bool(prior and prior["started_plain"]), sum(run.tokens), sum(run.seconds),
-                     sum(plain.seconds)))
+                     sum(plain.seconds), prior))
     return rows
 
 
@@ -1426,6 +1427,7 @@ def test_the_first_prompt_far_below_the_carried_evidence_starts_plain_where_tree
             for kind, world in avx2.items()}
     for seed in range(2):
         rows = prompt_session(flat, agreements, kinds, 0.05, 100 * seed, gap=0.15)
+        assert rows[2][5] is not None and not rows[2][5]["far_below"]  # chat was told its agreement
         assert rows == prompt_session(flat, agreements, kinds, 0.05, 100 * seed)
 
 
@@ -1437,6 +1439,7 @@ def test_the_gap_rule_needs_a_far_prompt_steep_verification_and_too_few_neighbou
         controller = BudgetController(ControllerSettings(initial_budget=16, prompt_gap=gap))
         simulate(world, 40, controller)  # measures plain and drafted verifies, drafts on
         follower = controller.for_next_sequence()
+        assert follower._lengths
         follower._prompt_pairs.extend(pairs)
         assert follower.choice > 1 and follower.prompt_agreement_due()
         follower.observe_prompt(agreement)
@@ -1446,12 +1449,14 @@ def test_the_gap_rule_needs_a_far_prompt_steep_verification_and_too_few_neighbou
     controller = told(steep, code, 0.5)
     assert controller.prompt_prior["far_below"] and controller.prompt_prior["started_plain"]
     assert controller.choice == 1 and set(controller.rates()) == {1}
+    assert not controller._lengths  # the other text's answer lengths go too
     assert told(steep, code, 0.7).choice > 1  # within the gap
     # the last pair (the carried source) is 0.8, but a near prompt drafted faster than plain, or two did
     assert told(steep, [(0.5, 1.6), (0.8, 1.6)], 0.52).choice > 1
     assert told(steep, [(0.4, 1.2)] * 2 + code, 0.4).choice > 1
     assert told(steep, [(0.5, 0.9), (0.8, 1.6)], 0.52).choice == 1  # one near prompt, slower than plain
     assert told(steep, code, 0.5, gap=0.0).choice > 1  # the rule off
+    assert told(steep, [], 0.5).choice > 1  # no pair: no evidence to be far from
     flat_prior = told(flat, code, 0.5).prompt_prior  # a tree costs little more than a plain step to verify
     assert not flat_prior["far_below"] and not flat_prior["started_plain"]
 

@@ -487,24 +487,27 @@ Design ("Improvement" marks where this goes past the obvious recipe)
    position (its heads cost 2.8 s on a 700-token sum prompt there); asking whenever a trial was due (it paid long
    prompts' catch-ups that the controller would have declined).
 
-30. A prompt far below the evidence (``prompt_gap``, 0.15; :data:`FAR_STEEP`). Design 29 acts only once two
+30. A prompt far below the evidence (``prompt_gap``, 0.15; :data:`FAR_VERIFY_RATIO`). Design 29 acts only once two
    earlier prompts near this one lost; the first chat answer after code has none and drafted on code's carried
    samples: in a timed float32 run on the EPYC (humaneval then qa) the first qa answer ran three trees of 20-24 nodes
    that accepted little, 0.69x of plain decoding, and qa as a whole 0.86x. Its prompt said so beforehand: the draft
    agreed with the target on 47% of it against 75-80% on the code prompts whose answers left the samples. When the
    new prompt's agreement lies more than ``prompt_gap`` below that of the last sequence that taught the prior (the
-   source of the carried samples), too few earlier prompts are near it for design 29 to judge and none of those
-   drafted faster than plain decoding, and verifying the first step's tree (the carried choice, at least the first
-   probe) costs at least :data:`FAR_STEEP` plain verifies (on the EPYC in float32 1.8x at 4 nodes, 2.9x at 32; bf16
-   on the Xeon 1.0-1.15x, the H200 1.05-1.2x), the sequence starts as design 29's losing neighbours make it start:
-   plain, the carried samples and the last text's confidences dropped. Where verification is flat a wrong tree
-   costs little beside what the carried samples win: without the steepness condition the rule cost bf16's qa after
-   humaneval 0.978 -> 0.919 and sum 0.993 -> 0.971 of the best fixed budget. Sweep 13 replayed on the EPYC's
-   float32 costs (8 seeds, ``scripts/replay_positions.py --order``), over plain decoding: qa right after humaneval
-   0.935 -> 0.959, after gsm8k 0.939 -> 0.968, mt_bench after humaneval 1.119 -> 1.129, sum after humaneval 1.037
-   unchanged, alpaca after humaneval 1.000 -> 0.995 and after gsm8k 0.997 -> 0.976 (its first answer gains, the
-   second, 20 tokens, runs a scheduled trial it did not run before); the sweep's own order, and every order on the
-   bf16 and H200 costs, unchanged.
+   source of the carried samples, unless later ones drafted without being measured), too few earlier prompts are
+   near it for design 29 to judge and none of those drafted at least as fast as plain decoding, and verifying the
+   first step's tree (the carried choice, or the first probe's size from plain) costs at least
+   :data:`FAR_VERIFY_RATIO` plain verifies (on the EPYC in float32 1.8x at 4 nodes, 2.9x at 32; bf16 on the Xeon
+   1.0-1.15x, the H200 1.05-1.2x), the sequence starts as design 29's losing neighbours make it start:
+   plain, the carried samples and the last text's confidences dropped, and so are the lengths of the last answers
+   (design 9's estimate of the tokens left, which let the second qa answer run a trial that lost 10%: code's
+   answers ran to the token limit). Where verification is flat a wrong tree costs little beside what the carried
+   samples win: without the steepness condition the rule cost bf16's qa after humaneval 0.978 -> 0.919 and sum
+   0.993 -> 0.971 of the best fixed budget. Sweep 13 replayed on the EPYC's float32 costs (8 seeds, the heads
+   charged at 9 ms a position as measured there, ``scripts/replay_positions.py --order``), over plain decoding: qa
+   right after humaneval 0.931 -> 0.967, after gsm8k 0.936 -> 0.988, mt_bench after humaneval 1.117 -> 1.127, sum
+   after humaneval 1.037 unchanged, alpaca after humaneval 0.997 unchanged and after gsm8k 0.996 -> 0.974 (its first
+   answer gains, the second, 20 tokens, runs a scheduled trial it did not run before); the sweep's own order, and
+   every order on the bf16 and H200 costs, unchanged. ``prompt_prior_width`` = 0 turns design 30 off with design 29.
 
 Not modelled: keep_growing looks one layer ahead;
 a step stopped early by keep_growing is taken to be what every larger budget would have built (true
@@ -543,7 +546,7 @@ PRIOR_NEIGHBOURS = 2  # a prompt prior needs this many earlier sequences near th
 PRIOR_MIN_TOKENS = 4  # a sequence teaches the prior only after this many tokens from its drafted steps (design 29)
 PRIOR_PAIRS = 64  # (agreement, drafted speed over plain) pairs kept, newest last (design 29)
 PRIOR_SAMPLE_EVERY = 4  # ... once PRIOR_NEIGHBOURS * 4 pairs show no loss, only every 4th sequence measures its prompt
-FAR_STEEP = 1.5  # design 30 acts where verifying the first step's tree costs this many plain verifies or more
+FAR_VERIFY_RATIO = 1.5  # design 30 acts where verifying the first step's tree costs this many plain verifies or more
 NEW_COMMAND_MARGIN = 1.25  # a new command keeps the carried drafted choice only if it beat plain by this factor (design 27)
 CHILD_PRIOR_SHARE = 0.7  # prior: an accepted, expanded node has one of its drafted children accepted 70% of the time
 # why a step got its budget (:attr:`BudgetController.reason`, recorded per step in the decoding stats)
@@ -840,11 +843,11 @@ class ControllerSettings:
                             plain decoding's by more than this share (design 28; 0: any faster candidate)
     prompt_prior_width      a new sequence whose prompt agreement is known starts plain when the earlier sequences
                             whose agreement lies within this distance of it drafted, on average, slower than plain
-                            decoding (design 29; 0: never)
+                            decoding (design 29; 0: never, design 30 included)
     prompt_gap              ... and also when its agreement lies more than this below that of the last sequence that
-                            taught the prior, too few are near and none of those drafted faster than plain, and
-                            verifying the first step's tree costs at least FAR_STEEP plain verifies (design 30;
-                            0: never)
+                            taught the prior, too few are near and none of those drafted as fast as plain, and
+                            verifying the first step's tree costs at least FAR_VERIFY_RATIO plain verifies (design 30;
+                            0: never; prompt_prior_width 0 turns it off too)
     """
 
     max_budget: int = 64
@@ -1467,8 +1470,8 @@ class BudgetController:
 
     @property
     def prompt_prior(self) -> dict | None:
-        """What design 29 made of this sequence's prompt (agreement, neighbours, predicted speed, started plain), or
-        None before :meth:`observe_prompt`."""
+        """What designs 29 and 30 made of this sequence's prompt (agreement, neighbours, predicted speed, far below the
+        last pair's agreement on steep verification, started plain), or None before :meth:`observe_prompt`."""
         return self._prior
 
     def prompt_agreement_due(self, catch_up_tokens: int = 0, tokens_left: int | None = None) -> bool:
@@ -1487,13 +1490,13 @@ class BudgetController:
         return copy.deepcopy(self).next_budget(catch_up_tokens, tokens_left) > 1
 
     def observe_prompt(self, agreement: float) -> None:
-        """The share of prompt positions where the draft's argmax equals the target's (design 29). When the
+        """The share of prompt positions where the draft's argmax equals the target's (designs 29, 30). When the
         earlier sequences whose agreement lies within ``prompt_prior_width`` of it (at least
         :data:`PRIOR_NEIGHBOURS`) drafted, on average, slower than plain decoding on this machine, the carried
         acceptance samples are dropped and the choice is plain decoding: the sequence then drafts only once its own
         text shows it pays (trials from plain, design 12). The same when too few earlier prompts are near and none of
-        them drafted faster than plain, the agreement lies more than ``prompt_gap`` below the last pair's (the
-        sequence whose samples are carried) and verifying the first step's tree costs at least :data:`FAR_STEEP`
+        them drafted as fast as plain, the agreement lies more than ``prompt_gap`` below the last pair's (the
+        sequence whose samples are carried) and verifying the first step's tree costs at least :data:`FAR_VERIFY_RATIO`
         plain verifies (design 30). Call before the sequence's first step."""
         if not _is_number(agreement) or not 0 <= agreement <= 1:
             raise bad_argument("agreement", agreement, "a number in [0, 1]")
@@ -1504,20 +1507,22 @@ class BudgetController:
         near = [speed for other, speed in self._prompt_pairs if abs(other - agreement) <= width]
         predicted = sum(near) / len(near) if len(near) >= PRIOR_NEIGHBOURS else None
         gap = self.settings.prompt_gap
-        last = self._prompt_pairs[-1][0] if self._prompt_pairs else None
-        plain_verify = self._verify(1) if self.verify_cost.has(1) else None
-        tree = max(self._choice, self.settings.plain_probe_budget)  # what the first step would verify, or a probe
-        far = (predicted is None and all(speed < 1.0 for speed in near) and last is not None and gap > 0
-               and last - agreement > gap
-               and plain_verify is not None and self._verify(tree) >= FAR_STEEP * plain_verify)
+        last_agreement = self._prompt_pairs[-1][0] if self._prompt_pairs else None
+        plain_verify = self._verify(1) if self.verify_cost.has(1) else 0.0
+        tree_size = max(self._choice, self.settings.plain_probe_budget)  # the first step's tree, or about a probe's
+        far = (predicted is None and all(speed < 1.0 for speed in near) and last_agreement is not None and gap > 0
+               and last_agreement - agreement > gap
+               and plain_verify > 0 and self._verify(tree_size) >= FAR_VERIFY_RATIO * plain_verify)
         start_plain = (far or (predicted is not None and predicted < 1.0)) and self.settings.allow_plain and width > 0
         self._prior = {"agreement": round(self._agreement, 4), "neighbours": len(near),
                        "predicted_speed": None if predicted is None else round(predicted, 4),
-                       "far_below": far, "started_plain": start_plain}
+                       "far_below": far and start_plain, "started_plain": start_plain}
         if start_plain:
             for samples in self._samples:  # all carried: the sequence has no samples of its own yet
                 samples.clear()
             self.predictability.recent.clear()  # the last text's confidences: design 12 predicts from this one's
+            if far:
+                self._lengths.clear()  # design 30: how long the other text's answers ran says nothing of this one's
             self._choice = 1
             plain = self._plain_rate()
             self._rates = {1: plain} if plain is not None else {}
