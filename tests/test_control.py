@@ -1369,6 +1369,14 @@ def prompt_session(worlds: dict, agreements: dict, kinds: list[str], width: floa
     return rows
 
 
+def on_flat_verification(worlds: dict) -> dict:
+    """``worlds`` on the bf16 curve of shared/reference/cpu_facts.md (a 16-node verify costs 1.2x one token), the draft
+    at 0.3 of the target and a cheap catch-up: where a wrong tree costs little (designs 29, 30)."""
+    bf16 = measured_curve(CPU_FACTS_MS["bf16"])
+    return {kind: dataclasses.replace(world, verify=bf16, draft=lambda width: 0.3 * bf16(width), catch_up=0.002)
+            for kind, world in worlds.items()}
+
+
 def test_a_prompt_agreeing_like_earlier_slow_ones_starts_plain_where_drafting_lost_and_nowhere_else():
     # Design 29. One process alternates code (the draft agrees with the target on 80% of the prompt) and chat
     # (45%). On the AVX2 curves a chat answer loses to plain decoding on its first drafted steps (trials, the
@@ -1394,9 +1402,7 @@ def test_a_prompt_agreeing_like_earlier_slow_ones_starts_plain_where_drafting_lo
     assert started >= 4
     assert statistics.median(with_prior) > statistics.median(without) + 0.005, (with_prior, without)
     assert min(with_prior) >= 0.95, with_prior
-    bf16 = measured_curve(CPU_FACTS_MS["bf16"])
-    flat = {kind: dataclasses.replace(world, verify=bf16, draft=lambda width: 0.3 * bf16(width), catch_up=0.002)
-            for kind, world in avx2.items()}
+    flat = on_flat_verification(avx2)
     for seed in range(2):
         rows = prompt_session(flat, agreements, kinds, 0.05, 100 * seed)
         assert not any(row[1] for row in rows)
@@ -1422,9 +1428,7 @@ def test_the_first_prompt_far_below_the_carried_evidence_starts_plain_where_tree
         without.append(before[2][4] / before[2][3])
     assert statistics.median(with_gap) > statistics.median(without) + 0.02, (with_gap, without)
     assert min(with_gap) >= 0.97, with_gap
-    bf16 = measured_curve(CPU_FACTS_MS["bf16"])
-    flat = {kind: dataclasses.replace(world, verify=bf16, draft=lambda width: 0.3 * bf16(width), catch_up=0.002)
-            for kind, world in avx2.items()}
+    flat = on_flat_verification(avx2)
     for seed in range(2):
         rows = prompt_session(flat, agreements, kinds, 0.05, 100 * seed, gap=0.15)
         assert rows[2][5] is not None and not rows[2][5]["far_below"]  # chat was told its agreement
