@@ -1369,6 +1369,17 @@ def prompt_session(worlds: dict, agreements: dict, kinds: list[str], width: floa
     return rows
 
 
+def avx2_prompt_worlds(code_agree: float, code_confidence: tuple[float, float], chat_agree: float) -> dict:
+    """Code and chat on the AVX2 EPYC's float32 curves (a 2-token verify costs 1.6x one token), chat's target
+    confidence 0.3-0.9: the two kinds of prompt a session of designs 29 and 30 alternates."""
+    verify, draft = measured_curve(AVX2_FP32_MS["target"]), measured_curve(AVX2_FP32_MS["draft"])
+
+    def world(agree: float, confidence: tuple[float, float]) -> World:
+        return World(verify=verify, draft=draft, other=0.005, agree=agree, confidence=confidence, catch_up=0.01)
+
+    return {"code": world(code_agree, code_confidence), "chat": world(chat_agree, (0.3, 0.9))}
+
+
 def on_flat_verification(worlds: dict) -> dict:
     """``worlds`` on the bf16 curve of shared/reference/cpu_facts.md (a 16-node verify costs 1.2x one token), the draft
     at 0.3 of the target and a cheap catch-up: where a wrong tree costs little (designs 29, 30)."""
@@ -1394,9 +1405,7 @@ def test_a_prompt_agreeing_like_earlier_slow_ones_starts_plain_where_drafting_lo
             started += sum(row[1] for row in chat)
         return speeds, started
 
-    verify, draft = measured_curve(AVX2_FP32_MS["target"]), measured_curve(AVX2_FP32_MS["draft"])
-    avx2 = {"code": World(verify=verify, draft=draft, other=0.005, agree=0.98, confidence=(0.85, 0.995), catch_up=0.01),
-            "chat": World(verify=verify, draft=draft, other=0.005, agree=0.8, confidence=(0.3, 0.9), catch_up=0.01)}
+    avx2 = avx2_prompt_worlds(code_agree=0.98, code_confidence=(0.85, 0.995), chat_agree=0.8)
     without, _ = chat_speeds(avx2, 0.0)
     with_prior, started = chat_speeds(avx2, 0.05)
     assert started >= 4
@@ -1415,10 +1424,8 @@ def test_the_first_prompt_far_below_the_carried_evidence_starts_plain_where_tree
     # answer (45%): design 29 has no chat neighbours yet. On the AVX2 curves chat starts plain and runs faster than it
     # did on code's carried samples, no slower than plain decoding; on flat verification (bf16) nothing changes.
     agreements, kinds = {"code": 0.8, "chat": 0.45}, ["code", "code", "chat"]
-    verify, draft = measured_curve(AVX2_FP32_MS["target"]), measured_curve(AVX2_FP32_MS["draft"])
-    avx2 = {"code": World(verify=verify, draft=draft, other=0.005, agree=0.995, confidence=(0.95, 0.999),
-                          catch_up=0.01),  # N = 16 runs 1.38x plain decoding here
-            "chat": World(verify=verify, draft=draft, other=0.005, agree=0.7, confidence=(0.3, 0.9), catch_up=0.01)}
+    # code: N = 16 runs 1.38x plain decoding here
+    avx2 = avx2_prompt_worlds(code_agree=0.995, code_confidence=(0.95, 0.999), chat_agree=0.7)
     with_gap, without = [], []
     for seed in range(4):
         rows = prompt_session(avx2, agreements, kinds, 0.05, 100 * seed, gap=0.15)
