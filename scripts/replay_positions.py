@@ -64,6 +64,9 @@ class Hardware:
         return self.prefill_base + self.prefill_per_token * prompt_tokens
 
 
+EPYC_BF16_MS = {"target": {1: 136, 2: 127, 4: 135, 8: 152, 12: 159, 16: 184, 20: 193, 24: 203, 32: 231, 48: 291,
+                           64: 366},
+                "draft": {1: 48, 2: 52, 4: 51, 8: 60, 12: 64, 16: 70, 20: 75, 24: 79, 32: 94, 48: 121, 64: 151}}
 H200_EAGER_BF16_MS = {"target": {1: 22, 2: 24, 4: 23, 8: 24, 16: 24, 32: 26, 64: 28},
                       "draft": {1: 19, 2: 19, 4: 19, 8: 19, 16: 19, 32: 19, 64: 19}}
 
@@ -77,6 +80,10 @@ HARDWARE = {
     # other work a drafted step)
     "avx2-fp32": Hardware(AVX2_FP32_MS["target"], AVX2_FP32_MS["draft"], 0.015, 0.008, 0.3, 0.027,
                           0.009),  # (the heads: 0.35 s over a 39-token prompt's 38 rows, target 0.26 + draft 0.09)
+    # the 2-core AMD EPYC with AVX512-BF16, bf16 (docs/BENCHMARKS.md section 5, sweep 21: scripts/forward_costs.py
+    # --variants bfloat16:auto; 4 ms of tree building a drafted step; the target's prefill 0.02 s + 4.1 ms a prompt
+    # token, fitted to the sweep's ar requests; the draft's catch-up a third of that; the heads a guess, as the Xeon's)
+    "epyc-bf16": Hardware(EPYC_BF16_MS["target"], EPYC_BF16_MS["draft"], 0.004, 0.0014, 0.02, 0.0041, 0.001),
     # an NVIDIA H200 through transformers' eager forward, bf16, the pair's shapes with random weights (docs/
     # BENCHMARKS.md section 5, "On a GPU": scripts/forward_costs.py --device cuda; 5.6 ms of tree building a drafted
     # step; a catch-up rides on the draft's first forward at no measurable cost; prefill 0.02 s)
