@@ -833,9 +833,6 @@ class ControllerSettings:
                             inform both (design 19; 0: any trusted candidate, as in design 18)
     anchor_gap_steps        ... or, below it, by more than ANCHOR_GAP, once initial_budget has this many samples
                             or is no faster than plain decoding (design 20; 0: as soon as it is trusted, design 19)
-    anchor_steep            where verifying initial_budget costs more than this many plain verifies on the measured
-                            curve (and less than FAR_VERIFY_RATIO), the anchor is the candidate below it, if that is
-                            at least LEAN_FLOOR (design 31; 0: always initial_budget)
     bet_window              a catch-up judged on the sequence's own text (designs 14, 25) reads the rate predicted
                             from up to this many of its target confidences, not the last confidence_window (design 28;
                             the trials of design 15 still read confidence_window; below it, the bet reads fewer)
@@ -885,7 +882,6 @@ class ControllerSettings:
     lean_reach: float = 2.0
     anchor_z: float = 1.0
     anchor_gap_steps: int = 8
-    anchor_steep: float = 1.2
     cost_refresh_interval: int = 16
     explore_min_tokens: int = 32
     bet_window: int = 64
@@ -935,8 +931,6 @@ class ControllerSettings:
         _check_number("prompt_gap", self.prompt_gap, "a number in [0, 1] (0: no gap rule)", lambda x: 0 <= x <= 1)
         _check_number("lean_reach", self.lean_reach, "a number >= 1 (1: the next rung)", lambda x: x >= 1)
         _check_number("anchor_z", self.anchor_z, "a number >= 0 (0: no anchor)", lambda x: x >= 0)
-        _check_number("anchor_steep", self.anchor_steep, "0 (off) or a finite number > 1",
-                      lambda x: x == 0 or x > 1)
         _check_number("lean_margin", self.lean_margin, "a number in [0, 1) (0: never lean)", lambda x: 0 <= x < 1)
         _check_number("calibration_decay", self.calibration_decay, "a number in (0, 1]", lambda x: 0 < x <= 1)
         _check_number("calibration_prior_strength", self.calibration_prior_strength, "a number > 0",
@@ -2013,7 +2007,7 @@ class BudgetController:
         untrusted are admitted; another drafted candidate only while, below the anchor, its rate beats the anchor's
         by more than :data:`ANCHOR_GAP`, or its paired rate beats the anchor's by more than ``anchor_z`` standard errors
         (:meth:`_paired_z`)."""
-        anchor, z = self._anchor(), self.settings.anchor_z
+        anchor, z = self.settings.initial_budget, self.settings.anchor_z
         if z <= 0 or budget in (1, anchor) or anchor == 1 or anchor not in self._rates:
             return True
         rate, anchor_rate = self._rates.get(budget, 0.0), self._rates[anchor]
@@ -2024,19 +2018,6 @@ class BudgetController:
                 or anchor_rate <= self._rates.get(1, 0.0)):
             return True  # every step at the anchor measures it: a wrong anchor (float32: 16 nodes verify dear)
         return self._paired_z(budget, anchor) > z
-
-    def _anchor(self) -> int:
-        """Design 31: ``initial_budget``, or the candidate just below it (if at least :data:`LEAN_FLOOR`) once
-        verify(1) and verify(``initial_budget``) each have ``min_steps`` measured samples and the fitted curve puts
-        the second above ``anchor_steep`` times the first but below :data:`FAR_VERIFY_RATIO` times (further up the
-        anchor is wrong by a wide margin and designs 19-20 let the evidence leave it: float32 on CPUs)."""
-        initial, steep, samples = self.settings.initial_budget, self.settings.anchor_steep, self.settings.min_steps
-        below = [k for k in self.candidates if LEAN_FLOOR <= k < initial]
-        if (steep <= 0 or not below or not self.verify_cost.has(1, samples=samples)
-                or not self.verify_cost.has(initial, samples=samples)):
-            return initial
-        ratio = self._verify(initial) / max(self._verify(1), 1e-12)
-        return below[-1] if steep < ratio < FAR_VERIFY_RATIO else initial
 
     def _paired_z(self, budget: int, other: int) -> float:
         """How many standard errors ``budget``'s rate beats ``other``'s by, on the samples that inform both (those of
