@@ -7,8 +7,9 @@ generator does, after the bench's 8-token warm-up) and (b) every fixed budget of
 k at position t is the first k nodes of the tree recorded at t (the prefix property); it accepts the longest
 path that spells the answer from t, exactly what greedy verification accepts, and costs what ``--hardware``
 measured (:data:`HARDWARE`: verify by tree size, draft by forward width, other work a step, the draft's catch-up
-per token, the target's prefill by prompt length; the Intel Xeon in bf16 by default, or the AVX2-only AMD EPYC in
-float32, where a 2-token verify costs 1.6x one token) with ``--noise`` relative jitter per measured time.
+per token, the target's prefill by prompt length; the Intel Xeon in bf16 by default, the AMD EPYC with AVX512-BF16
+in bf16 (``epyc-bf16``: 16 nodes verify at 1.35x one), the AVX2-only AMD EPYC in float32, where a 2-token verify
+costs 1.6x one token, or an H200) with ``--noise`` relative jitter per measured time.
 Acceptance is the real pair's, positions and all; only the clock is modelled. ``--fixed 1,... --bar 1`` scores auto
 against plain decoding (issue 11's no-loss bar on a hostile CPU). Prints, per dataset, auto over the best
 fixed budget of ``--bar`` (the sweep's columns; median, mean and worst over ``--seeds`` noise seeds) and of every
