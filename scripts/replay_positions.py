@@ -83,8 +83,9 @@ HARDWARE = {
                           0.009),  # (the heads: 0.35 s over a 39-token prompt's 38 rows, target 0.26 + draft 0.09)
     # the 2-core AMD EPYC with AVX512-BF16, bf16 (docs/BENCHMARKS.md section 5, sweep 21: scripts/forward_costs.py
     # --variants bfloat16:auto; 4 ms of tree building a drafted step; the target's prefill 0.02 s + 4.1 ms a prompt
-    # token, fitted to the sweep's ar requests; the draft's catch-up a third of that; the heads a guess, as the Xeon's)
-    "epyc-bf16": Hardware(EPYC_BF16_MS["target"], EPYC_BF16_MS["draft"], 0.004, 0.0014, 0.02, 0.0041, 0.001),
+    # token, fitted to the sweep's ar requests; the draft's catch-up a third of that; the heads 2 ms a prompt row, target
+    # 0.9-1.7 + draft 0.7-1.0, timed with prefill_logits against prefill)
+    "epyc-bf16": Hardware(EPYC_BF16_MS["target"], EPYC_BF16_MS["draft"], 0.004, 0.0014, 0.02, 0.0041, 0.002),
     # an NVIDIA H200 through transformers' eager forward, bf16, the pair's shapes with random weights (docs/
     # BENCHMARKS.md section 5, "On a GPU": scripts/forward_costs.py --device cuda; 5.6 ms of tree building a drafted
     # step; a catch-up rides on the draft's first forward at no measurable cost; prefill 0.02 s)

@@ -35,7 +35,7 @@ def watch(steps: list[dict]) -> None:
                           forwards=len(record.forward_widths), draft=sum(record.draft_seconds),
                           catch_up=record.catch_up_seconds or 0.0, verify=record.verify_seconds,
                           other=record.other_seconds, plain_rate=before.get(1), choice=choice,
-                          choice_rate=before.get(choice)))
+                          choice_rate=before.get(choice), rates=before))
 
     BudgetController.observe = observed
 
@@ -46,6 +46,8 @@ def main() -> int:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); else sampled, seeded")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rates", type=lambda text: {int(k) for k in text.split(",")}, default=set(),
+                        help="also print the controller's rates of these budgets before every step, e.g. 4,8,16")
     args = parser.parse_args()
     specs = [spec.split(":") for spec in args.requests]
     if any(len(spec) != 3 or not spec[2].isdigit() for spec in specs):
@@ -68,13 +70,18 @@ def main() -> int:
         stats = result.stats
         print(f"{method}:{dataset}:{index}  prompt {ids.numel()} tokens, {stats.new_tokens} new in {seconds:.1f} s "
               f"({stats.new_tokens / seconds:.3f} tok/s), prefill {stats.seconds_prefill:.2f} s, "
-              f"{stats.target_forwards} steps, {stats.seconds_verify / stats.target_forwards:.3f} s verify a step")
+              f"{stats.target_forwards} steps, {stats.seconds_verify / stats.target_forwards:.3f} s verify a step; "
+              f"draft {stats.seconds_draft:.2f} s, build {stats.seconds_build:.2f} s, verify {stats.seconds_verify:.2f} s, "
+              f"{stats.draft_forwards} draft forwards")
         for step in steps:
             rates = (f"plain {step['plain_rate']:.2f}" if step["plain_rate"] else "plain -") + (
                 f", choice {step['choice']} {step['choice_rate']:.2f}" if step["choice_rate"] else "")
             print(f"  N={step['budget']:<3} {step['reason']:<20} accepted {step['accepted']:<3} forwards "
                   f"{step['forwards']:<3} draft {step['draft']:.2f} catch-up {step['catch_up']:.2f} verify "
                   f"{step['verify']:.2f}  ({rates} tok/s)")
+            if args.rates:
+                print("      rates " + " ".join(f"{k}:{v:.2f}" for k, v in sorted(step["rates"].items())
+                                            if k in args.rates))
         for name, chosen in (("drafted", [s for s in steps if s["forwards"]]),
                              ("plain", [s for s in steps if not s["forwards"]])):
             busy = sum(s["draft"] + s["verify"] + s["other"] for s in chosen)

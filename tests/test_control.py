@@ -29,8 +29,10 @@ import pytest
 
 from talon_sd.control import (
     DEFAULT_LADDER,
+    FAR_VERIFY_RATIO,
     NEW_COMMAND_MARGIN,
     OWN_CONFIDENCES,
+    PRIOR_SAMPLE_EVERY,
     REASONS,
     BudgetController,
     Predictability,
@@ -1438,7 +1440,7 @@ def test_the_first_prompt_far_below_the_carried_evidence_starts_plain_where_tree
     flat = on_flat_verification(avx2)
     for seed in range(2):
         rows = prompt_session(flat, agreements, kinds, 0.05, 100 * seed, gap=0.15)
-        assert rows[2][5] is not None and not rows[2][5]["far_below"]  # chat was told its agreement
+        assert rows[2][5] is None  # design 32: nothing could start it plain on flat verification, so not measured
         assert rows == prompt_session(flat, agreements, kinds, 0.05, 100 * seed)
 
 
@@ -1446,14 +1448,17 @@ def test_the_gap_rule_needs_a_far_prompt_steep_verification_and_too_few_neighbou
     steep = World(verify=lambda size: 1.0 + 0.1 * size, draft=lambda width: 0.1, agree=0.97, confidence=(0.8, 0.99))
     flat = dataclasses.replace(steep, verify=lambda size: 1.0 + 0.01 * size)
 
-    def told(world, pairs, agreement, gap=0.15):
+    def told(world, pairs, agreement, gap=0.15, steep_world=True):
         controller = BudgetController(ControllerSettings(initial_budget=16, prompt_gap=gap))
         simulate(world, 40, controller)  # measures plain and drafted verifies, drafts on
         follower = controller.for_next_sequence()
         assert follower._lengths
         follower._prompt_pairs.extend(pairs)
-        assert follower.choice > 1 and follower.prompt_agreement_due()
-        follower.observe_prompt(agreement)
+        due = follower.prompt_agreement_due()
+        # design 32: measured where an agreement could start it plain (a loss on record, or design 30 could act)
+        assert follower.choice > 1 and due == ((gap > 0 and steep_world) or any(speed < 1 for _, speed in pairs))
+        if due:
+            follower.observe_prompt(agreement)
         return follower
 
     code = [(0.8, 1.6)]
@@ -1468,7 +1473,10 @@ def test_the_gap_rule_needs_a_far_prompt_steep_verification_and_too_few_neighbou
     assert told(steep, [(0.5, 0.9), (0.8, 1.6)], 0.52).choice == 1  # one near prompt, slower than plain
     assert told(steep, code, 0.5, gap=0.0).choice > 1  # the rule off
     assert told(steep, [], 0.5).choice > 1  # no pair: no evidence to be far from
-    flat_prior = told(flat, code, 0.5).prompt_prior  # a tree costs little more than a plain step to verify
+    # a tree costs little more than a plain step to verify: not measured at all (design 32), and where a loss on
+    # record makes it measured, not far below either
+    assert told(flat, code, 0.5, steep_world=False).prompt_prior is None
+    flat_prior = told(flat, code + [(0.95, 0.9)], 0.5, steep_world=False).prompt_prior
     assert not flat_prior["far_below"] and not flat_prior["started_plain"]
 
 
@@ -1539,10 +1547,38 @@ def test_the_prompt_prior_is_asked_for_once_at_a_sequences_start_and_checks_its_
     assert not BudgetController(ControllerSettings(allow_plain=False)).prompt_agreement_due()
 
 
+def test_the_prompt_heads_are_paid_only_where_an_agreement_could_change_the_start():
+    """Design 32: with flat verification and no measured loss no agreement can start a sequence plain (design 29
+    needs losing neighbours, design 30 a first tree of >= FAR_VERIFY_RATIO plain verifies), so only every
+    PRIOR_SAMPLE_EVERY-th sequence pays the output heads, from the first sequence on; a loss on record or a steep
+    verify curve (the hostile float32 CPU) makes every sequence pay them."""
+    steep = World(verify=lambda t: 1.0 + 0.1 * t, draft=lambda w: 0.08 + 0.001 * w, agree=0.97,
+                  confidence=(0.75, 0.99))  # 8 nodes verify at 1.6x one: a wrong tree is dear
+
+    def dues(world, pairs, sequences=8):
+        controller = BudgetController(ControllerSettings(initial_budget=8, allow_plain=True))
+        simulate(world, 20, controller)
+        controller._prompt_pairs.extend(pairs)
+        said = []
+        for _ in range(sequences):
+            controller = controller.for_next_sequence()
+            said.append(controller.prompt_agreement_due(39, 128))
+        return said, controller
+
+    flat, controller = dues(FLAT, [])
+    assert controller.choice > 1 and controller._verify(controller.choice) < FAR_VERIFY_RATIO * controller._verify(1)
+    assert flat == [i % PRIOR_SAMPLE_EVERY == 0 for i in range(1, 9)], flat
+    assert all(dues(FLAT, [(0.5, 0.9)])[0])  # a prompt that drafted slower than plain decoding: every one measures
+    said, controller = dues(steep, [])
+    assert controller.choice > 1 and controller._verify(controller.choice) >= FAR_VERIFY_RATIO * controller._verify(1)
+    assert all(said), said
+
+
 def test_asking_whether_the_prompt_prior_is_due_changes_nothing_and_a_prior_that_never_saw_a_loss_samples():
     controller = BudgetController(ControllerSettings(initial_budget=16))
     simulate(SLOPED, 20, controller)
     follower = controller.for_next_sequence()
+    follower._prompt_pairs.append((0.9, 0.95))  # a loss on record: an agreement could start it plain (design 32)
     before = follower.summary()
     assert follower.prompt_agreement_due(39, 128) and follower.summary() == before
     assert follower.next_budget(39, 128) > 1  # what the copy said the first step would do

@@ -478,9 +478,8 @@ Design ("Improvement" marks where this goes past the obvious recipe)
    the choice is plain decoding and no scheduled probe runs at once: the sequence drafts once its own text predicts
    a win (design 12) or at the schedule's next trial. The speed is measured on this machine, so a prompt kind
    starts plain where drafting lost (the AVX2 EPYC in float32) and keeps drafting where it paid (bf16 on the Xeon:
-   never started plain in the replay); where no measured prompt has shown a loss (at least 8 pairs), only every
-   :data:`PRIOR_SAMPLE_EVERY`-th sequence pays the heads. Sweep 13 replayed (8 seeds, the heads charged at 4 ms a
-   position on the EPYC, 1 ms on the Xeon): float32 on the EPYC, qa 0.934 -> 0.967 of the best fixed budget (plain
+   never started plain in the replay); design 32 says which sequences pay the heads. Sweep 13 replayed (8 seeds,
+   the heads charged at 4 ms a position on the EPYC, 1 ms on the Xeon): float32 on the EPYC, qa 0.934 -> 0.967 of the best fixed budget (plain
    included), alpaca 0.991 -> 1.003, all 0.993 -> 0.998, sum unchanged (0.941); bf16 on the Xeon within 0.003 on
    every dataset (all 0.997 -> 0.996). Tried and left out: a least-squares line from agreement to speed through all
    pairs (sum 0.941 -> 0.926, it started sum prompts plain on qa's evidence); the agreement over every prompt
@@ -508,6 +507,23 @@ Design ("Improvement" marks where this goes past the obvious recipe)
    after humaneval 1.037 unchanged, alpaca after humaneval 0.997 unchanged and after gsm8k 0.996 -> 0.974 (its first
    answer gains, the second, 20 tokens, runs a scheduled trial it did not run before); the sweep's own order, and
    every order on the bf16 and H200 costs, unchanged. ``prompt_prior_width`` = 0 turns design 30 off with design 29.
+
+32. The heads where an agreement can change the start (:meth:`_prior_can_start_plain`; 31, a lower anchor, was tried
+   and reverted: docs/BENCHMARKS.md section 5). Design 29 asked every
+   sequence for its agreement until 8 measured prompts had all drafted faster than plain decoding. On the EPYC with
+   AVX512-BF16 the two output heads cost 2 ms a prompt row (target 0.9-1.7, draft 0.7-1.0: ``prefill_logits``
+   against ``prefill``), 0.08 s on a 39-token QA prompt, 4% of its 17-token answer, and there no agreement could
+   have started a sequence plain: no measured prompt had lost, and the first step's tree verifies at under
+   :data:`FAR_VERIFY_RATIO` plain verifies, so neither design 29's losing neighbours nor design 30 can act. Now a
+   sequence pays the heads when an agreement could change its start (a measured prompt drafted slower than plain
+   decoding, or the first tree verifies at :data:`FAR_VERIFY_RATIO` or more), and otherwise only every
+   :data:`PRIOR_SAMPLE_EVERY`-th sequence, from the first on, so that pairs still gather for when the machine or the
+   text turns. Sweep 13 replayed (8 seeds; the EPYC's heads now charged at the 2 ms measured): bf16 on the EPYC,
+   mt_bench 0.981 -> 0.985 and alpaca 0.958 -> 0.962 of the best of N = 8, 12, 16, all 0.983 -> 0.985; the Xeon
+   0.996 -> 0.997; the AVX2 EPYC in float32 unchanged on every dataset (its verify curve is steep: every sequence
+   still measures). Tried and left out: measuring only once a pair exists that some agreement could act on (design
+   30 needs one): on the float32 costs qa 0.962 -> 0.987 of plain decoding but alpaca 1.001 -> 0.991 and humaneval
+   1.529 -> 1.516, as the first sequences of a fresh process then taught the prior nothing.
 
 Not modelled: keep_growing looks one layer ahead;
 a step stopped early by keep_growing is taken to be what every larger budget would have built (true
@@ -545,7 +561,7 @@ LEAN_FLOOR = 8  # a drafted choice below this leans to the first candidate >= it
 PRIOR_NEIGHBOURS = 2  # a prompt prior needs this many earlier sequences near the prompt's agreement (design 29)
 PRIOR_MIN_TOKENS = 4  # a sequence teaches the prior only after this many tokens from its drafted steps (design 29)
 PRIOR_PAIRS = 64  # (agreement, drafted speed over plain) pairs kept, newest last (design 29)
-PRIOR_SAMPLE_EVERY = 4  # ... once PRIOR_NEIGHBOURS * 4 pairs show no loss, only every 4th sequence measures its prompt
+PRIOR_SAMPLE_EVERY = 4  # where no agreement could change a start, only every 4th sequence measures its prompt (design 32)
 FAR_VERIFY_RATIO = 1.5  # design 30 acts where verifying the first step's tree costs this many plain verifies or more
 NEW_COMMAND_MARGIN = 1.25  # a new command keeps the carried drafted choice only if it beat plain by this factor (design 27)
 CHILD_PRIOR_SHARE = 0.7  # prior: an accepted, expanded node has one of its drafted children accepted 70% of the time
@@ -1483,11 +1499,20 @@ class BudgetController:
         if (self._sequence_tokens or self._agreement is not None or not self.settings.allow_plain
                 or self.settings.prompt_prior_width <= 0 or self._planned is not None):
             return False
-        pairs = self._prompt_pairs
-        if (len(pairs) >= PRIOR_NEIGHBOURS * PRIOR_SAMPLE_EVERY and all(speed >= 1 for _, speed in pairs)
-                and self._sequences % PRIOR_SAMPLE_EVERY):
-            return False  # drafting paid on every prompt measured: only a sample of the prompts pays the heads
+        if not self._prior_can_start_plain() and self._sequences % PRIOR_SAMPLE_EVERY:
+            return False  # no agreement could change this start (design 32): only a sample of the prompts pays
         return copy.deepcopy(self).next_budget(catch_up_tokens, tokens_left) > 1
+
+    def _prior_can_start_plain(self) -> bool:
+        """Whether some agreement could make :meth:`observe_prompt` start this sequence plain (design 32): an earlier
+        measured prompt drafted slower than plain decoding (design 29's neighbours), or one taught the prior and
+        verifying the first step's tree costs at least :data:`FAR_VERIFY_RATIO` plain verifies (design 30)."""
+        if any(speed < 1 for _, speed in self._prompt_pairs):
+            return True
+        if self.settings.prompt_gap <= 0 or not self.verify_cost.has(1):
+            return False
+        tree_size = max(self._choice, self.settings.plain_probe_budget)
+        return self._verify(tree_size) >= FAR_VERIFY_RATIO * self._verify(1)
 
     def observe_prompt(self, agreement: float) -> None:
         """The share of prompt positions where the draft's argmax equals the target's (designs 29, 30). When the
