@@ -60,6 +60,14 @@ class Hardware:
     prefill_base: float  # the target's prefill of a request: base + per_token x prompt tokens
     prefill_per_token: float
     agreement_seconds: float = 0.0  # both output heads, a prompt position (design 29's agreement)
+    verify_context_slope: float = 0.0  # verify seconds per tree node per context token beyond the reference
+    verify_context_reference: int = 200  # the context verify_ms was measured at (scripts/forward_costs.py)
+
+    def verify_seconds(self, curve, size: int, context: int) -> float:
+        """A verify of ``size`` nodes over ``context`` cached tokens: the measured curve, plus or minus the
+        attention's share of the context's difference from the reference (design 33)."""
+        return max(curve(size) + self.verify_context_slope * size * (context - self.verify_context_reference),
+                   0.5 * curve(size))
 
     def prefill_seconds(self, prompt_tokens: int) -> float:
         return self.prefill_base + self.prefill_per_token * prompt_tokens
@@ -85,7 +93,10 @@ HARDWARE = {
     # --variants bfloat16:auto; 4 ms of tree building a drafted step; the target's prefill 0.02 s + 4.1 ms a prompt
     # token, fitted to the sweep's ar requests; the draft's catch-up a third of that; the heads 2 ms a prompt row, target
     # 0.9-1.7 + draft 0.7-1.0, timed with prefill_logits against prefill)
-    "epyc-bf16": Hardware(EPYC_BF16_MS["target"], EPYC_BF16_MS["draft"], 0.004, 0.0014, 0.02, 0.0041, 0.002),
+    # (verify by context: 16 nodes took 0.157-0.164 s at a QA prompt's ~45 tokens and 0.21 s at a summary's ~660 in
+    # scripts/trace_steps.py, 4.5 us a node per context token)
+    "epyc-bf16": Hardware(EPYC_BF16_MS["target"], EPYC_BF16_MS["draft"], 0.004, 0.0014, 0.02, 0.0041, 0.002,
+                           verify_context_slope=4.5e-6),
     # an NVIDIA H200 through transformers' eager forward, bf16, the pair's shapes with random weights (docs/
     # BENCHMARKS.md section 5, "On a GPU": scripts/forward_costs.py --device cuda; 5.6 ms of tree building a drafted
     # step; a catch-up rides on the draft's first forward at no measurable cost; prefill 0.02 s)
@@ -131,11 +142,13 @@ def make_clock(hardware: Hardware, noise: float, seed: str | int) -> Clock:
 
 def replay_step(turn: Turn, start: int, budget: int, pending: int, clock: Clock, tokens_left: int) -> StepRecord:
     """The step of ``budget`` nodes at answer position ``start`` (``pending`` tokens wait in the drafter)."""
+    context = turn.prompt_tokens - 1 + start  # the target's cache before the step
     if budget == 1:
         return StepRecord(node_log_p=(0.0,), node_parent=(-1,), accepted=(), forward_widths=(),
-                          prefix_after_forward=(), draft_seconds=(), verify_seconds=clock.measured(clock.verify(1)),
+                          prefix_after_forward=(), draft_seconds=(),
+                          verify_seconds=clock.measured(clock.hardware.verify_seconds(clock.verify, 1, context)),
                           other_seconds=clock.measured(clock.hardware.other_seconds), budget=1, complete=False,
-                          confidence=(turn.confidence[start],))
+                          confidence=(turn.confidence[start],), context_tokens=context)
     tree = turn.positions[start]
     size = min(budget, len(tree["tokens"]))
     forwards = [j for j in range(len(tree["widths"])) if j == 0 or tree["prefix"][j - 1] < budget]
@@ -153,21 +166,22 @@ def replay_step(turn: Turn, start: int, budget: int, pending: int, clock: Clock,
     return StepRecord(node_log_p=tuple(tree["log_p"][:size]), node_parent=tuple(tree["parents"][:size]),
                       accepted=tuple(accepted), forward_widths=tuple(tree["widths"][j] for j in forwards),
                       prefix_after_forward=tuple(prefix), draft_seconds=tuple(draft_seconds),
-                      verify_seconds=clock.measured(clock.verify(size)),
+                      verify_seconds=clock.measured(clock.hardware.verify_seconds(clock.verify, size, context)),
                       other_seconds=clock.measured(clock.hardware.other_seconds),
                       budget=budget, complete=size < budget,
-                      confidence=tuple(turn.confidence[start:start + len(accepted) + 1]))
+                      confidence=tuple(turn.confidence[start:start + len(accepted) + 1]), context_tokens=context)
 
 
 def replay_turn(turn: Turn, policy: BudgetController | int | Callable[[int, float], int], clock: Clock,
                 max_new_tokens: int, tokens: int | None = None, steps: list | None = None,
-                agreement: float | None = None,
-                agreement_positions: int = AGREEMENT_POSITIONS) -> tuple[int, float, list[int], list[str]]:
+                agreement: float | None = None, agreement_positions: int = AGREEMENT_POSITIONS,
+                tell_context: bool = True) -> tuple[int, float, list[int], list[str]]:
     """(tokens, seconds, budgets, reasons) of one request: a controller, a fixed budget, or a rule giving each step's
     budget from the last step's committed tokens (0 before the first) and the target's confidence there.
     ``steps``, if given, receives each step's (budget, committed tokens, seconds). ``agreement``: the prompt's
     draft/target agreement over up to ``agreement_positions`` positions, told to a controller that asks for it as the
-    loop does (design 29: both heads' cost and the draft's prompt forward are then paid before the first step)."""
+    loop does (design 29: both heads' cost and the draft's prompt forward are then paid before the first step).
+    ``tell_context``: give the controller each step's context, as the loop does (design 33)."""
     controller = policy if isinstance(policy, BudgetController) else None
     length = len(turn.answer) if tokens is None else min(tokens, len(turn.answer))
     position, pending, budgets, reasons = 0, turn.prompt_tokens, [], []
@@ -181,7 +195,8 @@ def replay_turn(turn: Turn, policy: BudgetController | int | Callable[[int, floa
     committed = 0
     while position < length:
         if controller is not None:
-            budget = controller.next_budget(pending - 1, max_new_tokens - position)
+            budget = controller.next_budget(pending - 1, max_new_tokens - position,
+                                            turn.prompt_tokens - 1 + position if tell_context else None)
             reasons.append(controller.reason)
         elif callable(policy):
             budget = policy(committed, turn.confidence[position])
@@ -223,15 +238,15 @@ def load_turns(paths: list[pathlib.Path]) -> list[Turn]:
 
 def replay(turns: list[Turn], seed: int, fixed: list[int], noise: float, max_new_tokens: int,
            settings: ControllerSettings, hardware: Hardware,
-           agreements: dict | None = None,
-           agreement_positions: int = AGREEMENT_POSITIONS) -> tuple[dict, Counter]:
+           agreements: dict | None = None, agreement_positions: int = AGREEMENT_POSITIONS,
+           tell_context: bool = True) -> tuple[dict, Counter]:
     """Per dataset and policy ('auto' and each fixed budget): [tokens, seconds]; auto's reasons. ``agreements``:
-    prompt agreements by turn index (design 29), told to auto where it asks."""
+    prompt agreements by turn index (design 29), told to auto where it asks; ``tell_context``: see replay_turn."""
     totals: dict = defaultdict(lambda: defaultdict(lambda: [0, 0.0]))
     reasons: Counter = Counter()
     controller = BudgetController(settings)
     warm_up = make_clock(hardware, noise, f"warm-up {seed}")
-    replay_turn(turns[0], controller, warm_up, max_new_tokens, tokens=8)  # the bench's warm-up
+    replay_turn(turns[0], controller, warm_up, max_new_tokens, tokens=8, tell_context=tell_context)  # warm-up
     for turn in turns:
         controller = controller.for_next_sequence()
         for policy in [controller] + fixed:
@@ -239,7 +254,8 @@ def replay(turns: list[Turn], seed: int, fixed: list[int], noise: float, max_new
             clock = make_clock(hardware, noise, f"{seed} {turn.index} {label}")
             tokens, seconds, _, why = replay_turn(turn, policy, clock, max_new_tokens,
                                                   agreement=(agreements or {}).get(turn.index),
-                                                  agreement_positions=agreement_positions)
+                                                  agreement_positions=agreement_positions,
+                                                  tell_context=tell_context)
             for key in (turn.dataset, "all"):
                 totals[key][label][0] += tokens
                 totals[key][label][1] += seconds
@@ -329,6 +345,8 @@ def main(argv=None) -> int:
                              "dataset right after code); default: every turn in the sweep's order")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="a ControllerSettings field for this replay (e.g. lean_margin=0.05); repeatable")
+    parser.add_argument("--blind-context", action="store_true",
+                        help="do not tell the controller each step's context (before design 33)")
     args = parser.parse_args(argv)
     turns = load_turns(args.positions)
     if args.order is not None:
@@ -355,7 +373,7 @@ def main(argv=None) -> int:
     ratios, rates, reasons = defaultdict(list), defaultdict(lambda: defaultdict(list)), Counter()
     for seed in range(args.seeds):
         totals, why = replay(turns, seed, fixed, args.noise, args.max_new_tokens, settings, hardware, agreements,
-                             10 ** 6 if args.measure == "agree" else AGREEMENT_POSITIONS)
+                             10 ** 6 if args.measure == "agree" else AGREEMENT_POSITIONS, not args.blind_context)
         reasons.update(why)
         for dataset, by_policy in totals.items():
             rate = {label: tokens / seconds for label, (tokens, seconds) in by_policy.items()}

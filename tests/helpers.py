@@ -31,16 +31,20 @@ class CyclingController(BudgetController):
         self.asked: list[tuple[int, int | None]] = []  # (catch_up_tokens, tokens_left) the loop gave each step
         self.committed: list[int] = []  # tokens each step committed (bonus included)
         self.caught_up_apart: list[bool] = []  # whether each step's record timed a catch-up forward apart
+        self.contexts: list[tuple[int | None, int | None]] = []  # (asked with, recorded) context tokens per step
 
-    def next_budget(self, catch_up_tokens: int = 0, tokens_left: int | None = None) -> int:
+    def next_budget(self, catch_up_tokens: int = 0, tokens_left: int | None = None,
+                    context_tokens: int | None = None) -> int:
         budget = min(self.BUDGETS[len(self.budgets) % len(self.BUDGETS)], max_budget_of(self))
         self.budgets.append(budget)
         self.asked.append((catch_up_tokens, tokens_left))
+        self.contexts.append((context_tokens, None))
         return budget
 
     def observe(self, record) -> None:
         self.committed.append(len(record.accepted) + 1)
         self.caught_up_apart.append(record.catch_up_seconds is not None)
+        self.contexts[-1] = (self.contexts[-1][0], record.context_tokens)
         super().observe(record)
 
     def keep_growing(self, tree_log_p, frontier, widths_so_far, budget) -> bool:

@@ -607,6 +607,80 @@ def test_cost_curve_is_a_non_decreasing_fit_of_recent_medians():
     assert curve.medians() == pytest.approx({1: 1.2, 4: 1.0, 8: 3.0})
 
 
+def test_a_verify_curve_read_at_another_context_moves_by_the_measured_slope():
+    """Design 33: verify samples of one size measured at different contexts show what a context token costs a
+    node (Theil-Sen); the curve read at a context moves every sample there. Here 16 nodes cost 0.16 s + 5 us a
+    node per context token (the EPYC's bf16 trace: 0.157-0.164 s at 45 tokens, 0.21 s at 660)."""
+    def seconds(size, context, jitter):
+        return 0.13 + 0.002 * size + 5e-6 * size * context + jitter
+
+    curve = CostCurve(keep=9)
+    jitters = [0.002, -0.001, 0.0, 0.001, -0.002, 0.0015]
+    for i, jitter in enumerate(jitters):
+        for size in (8, 16):
+            curve.add(size, seconds(size, 650 + 20 * i, jitter), context=650 + 20 * i)  # a summary's steps
+    for i, jitter in enumerate(jitters[:4]):
+        curve.add(16, seconds(16, 45 + 5 * i, jitter), context=45 + 5 * i)  # then a QA answer's, 16 nodes only
+    curve.refit()
+    as_measured = curve(8)  # (read at no context: the samples as they were measured, the summary's for 8)
+    assert curve.read_at(50) and not curve.read_at(70)  # a move of under 32 tokens is no new context
+    curve.refit()
+    assert curve.context_slope == pytest.approx(5e-6, rel=0.15)
+    assert curve(8) == pytest.approx(seconds(8, 50, 0.0), abs=0.004) and curve(8) < as_measured - 0.015
+    assert curve(16) == pytest.approx(seconds(16, 50, 0.0), abs=0.004)
+    assert curve.read_at(900)
+    curve.refit()
+    assert curve(16) == pytest.approx(seconds(16, 900, 0.0), abs=0.006)
+
+
+def test_timing_noise_across_contexts_leaves_the_verify_curve_as_measured():
+    """Design 33's guards: where a context costs nothing (the samples differ by noise alone), or too few pairs
+    lie far enough apart, the slope is 0 and the curve is the one fitted without contexts."""
+    draws = random.Random(7)
+    blind, told = CostCurve(keep=9), CostCurve(keep=9)
+    for step in range(60):
+        context = draws.choice([40, 300, 700, 900])
+        for size in (1, 8, 16, 24):
+            value = (0.45 + 0.15 * size) * (1 + 0.03 * draws.gauss(0, 1))  # float32 on the AVX2 EPYC: steep, noisy
+            blind.add(size, value)
+            told.add(size, value, context=context)
+    told.read_at(40)
+    blind.refit(), told.refit()
+    assert told.context_slope == 0.0
+    assert [told(size) for size in (1, 8, 16, 24)] == [blind(size) for size in (1, 8, 16, 24)]
+    few = CostCurve(keep=9)
+    for context in (40, 700):
+        few.add(16, 0.2 + 5e-6 * 16 * context, context=context)
+    few.read_at(40)
+    few.refit()
+    assert few.context_slope == 0.0  # one pair: not enough to tell
+
+
+def test_the_controller_reads_verify_costs_at_the_coming_steps_context():
+    def taught() -> BudgetController:  # steps of 8 and 16 nodes over a summary's context, then a QA answer's
+        controller = BudgetController(ControllerSettings(max_budget=24, initial_budget=16))
+        for context in (650, 700, 750, 45, 60, 75):
+            for size in (8, 16):
+                controller.observe(StepRecord(node_log_p=tuple(-0.1 * i for i in range(size)),
+                                              node_parent=(-1,) + tuple(range(size - 1)), accepted=(1, 2),
+                                              forward_widths=tuple([1] * (size - 1)),
+                                              prefix_after_forward=tuple(range(2, size + 1)),
+                                              draft_seconds=tuple([0.05] * (size - 1)),
+                                              verify_seconds=0.13 + 5e-6 * size * context, other_seconds=0.004,
+                                              budget=size, complete=False, context_tokens=context))
+        return controller
+
+    long_context, short_context, blind = taught(), taught(), taught()
+    long_context.next_budget(0, 100, context_tokens=900)
+    short_context.next_budget(0, 100, context_tokens=40)
+    blind.next_budget(0, 100)  # no context: the samples as measured, both contexts pooled
+    assert long_context._verify(16) - short_context._verify(16) == pytest.approx(5e-6 * 16 * 860, rel=0.2)
+    assert short_context._verify(16) < blind._verify(16) < long_context._verify(16)
+    for bad in (-1, 2.5, "40"):
+        with pytest.raises(TalonError, match="^context_tokens:"):
+            BudgetController(ControllerSettings()).next_budget(0, 100, context_tokens=bad)
+
+
 def test_an_outlier_at_a_small_size_does_not_lift_the_whole_curve():
     curve = CostCurve(keep=9)
     curve.add(2, 5.0)  # one slow step (a page fault) at size 2

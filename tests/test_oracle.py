@@ -115,6 +115,10 @@ def test_the_loop_tells_the_controller_the_drafters_catch_up_and_the_tokens_left
                                                  catches_up=drafter_kind == "model")
     if drafter_kind == "model":  # plain steps did leave tokens to catch up
         assert {caught for caught, _ in controller.asked} > {0}
+    # design 33: each step is asked for, and recorded at, the target's cache: the prompt but its last token, and
+    # every token committed since
+    cached = [len(prompt) - 1 + sum(controller.committed[:i]) for i in range(len(controller.committed))]
+    assert controller.contexts == [(context, context) for context in cached]
     # design 23: only the first drafted step's catch-up (the prompt, and plain steps' tokens before it) runs apart
     first_drafted = next(i for i, budget in enumerate(controller.budgets) if budget > 1)
     assert controller.caught_up_apart == [drafter_kind == "model" and i == first_drafted

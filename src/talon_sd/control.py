@@ -525,6 +525,28 @@ Design ("Improvement" marks where this goes past the obvious recipe)
    30 needs one): on the float32 costs qa 0.962 -> 0.987 of plain decoding but alpaca 1.001 -> 0.991 and humaneval
    1.529 -> 1.516, as the first sequences of a fresh process then taught the prior nothing.
 
+33. Verify costs by context (:meth:`CostCurve.read_at`, ``StepRecord.context_tokens``, ``next_budget``'s
+   ``context_tokens``). A tree's verify attends to every cached token, so its cost grows with tree size x context:
+   on the EPYC with AVX512-BF16 in bf16, 16 nodes took 0.157-0.164 s over a QA prompt's ~45 tokens and 0.21 s over a
+   summary's ~660, while a plain step took 0.12 s over either (``scripts/trace_steps.py``): about 4.5 us a node per
+   context token, as much again as a node's own share at 45 tokens. The curve kept each size's last samples
+   whatever context they came from, so after the summaries the sizes a QA answer did not run again kept their long
+   context costs while the ones it ran were measured cheap: the relative costs that choose N were wrong for the whole
+   of the short answers. The loop now tells the controller the target's cache length at each step; the verify curve
+   estimates a context slope (Theil-Sen over pairs of samples of one size of at least :data:`CONTEXT_MIN_SIZE` nodes
+   whose contexts lie at least :data:`CONTEXT_MIN_SPAN` node-tokens apart) and, read at the coming step's context
+   (re-read once it moved :data:`CONTEXT_STEP_TOKENS` tokens or a tenth), moves every sample there. Where a context
+   costs nothing the pairs differ by timing noise, and one noisy sample at another context tips many pairs at once:
+   the slope is used only with :data:`CONTEXT_MIN_PAIRS` pairs, :data:`CONTEXT_AGREEING` of them finding the longer
+   context dearer, and a difference over the upper quartile of their spans of at least :data:`CONTEXT_MIN_EFFECT`
+   of their seconds. Sweep 13 replayed with the EPYC's costs made context-dependent (4.5 us a node per context token
+   about forward_costs' 200; 24 seeds; ``scripts/replay_positions.py --blind-context`` for before): the sweep's order
+   all 0.982 -> 0.984 of the best of N = 8, 12, 16 (worst seed 0.967 -> 0.971), alpaca 0.960 -> 0.966 (worst 0.896 ->
+   0.926), gsm8k 0.973 -> 0.981, qa 0.967 -> 0.958 median but worst 0.893 -> 0.910; sum then qa, qa 0.942 -> 0.968
+   (mean 0.932 -> 0.960, worst 0.866 -> 0.908). The replays without a context cost (the Xeon's, the AVX2 EPYC's
+   float32) are unchanged but one Xeon qa (1.015 -> 1.011): the guards hold the slope at 0 there. Without the last
+   two guards the estimate found a context cost in float32 noise and cost alpaca 0.9-1.3% on both.
+
 Not modelled: keep_growing looks one layer ahead;
 a step stopped early by keep_growing is taken to be what every larger budget would have built (true
 up to keep_growing's own dependence on the budget).
@@ -557,6 +579,13 @@ FOLLOW_PRIOR_SHARE = 0.5  # prior: a tree catches this share of what the draft's
 ANCHOR_GAP = 0.1  # below the anchor, a candidate this much faster needs no paired test (design 19)
 SHAPE_PRIOR_STEPS = 1.0  # the chain bound's weight, in steps, beside drafted steps in a predicted rate (design 23)
 RECENT_SAMPLES = 3  # a cost curve's size keeps at least its newest 3 samples in the fit (design 21)
+CONTEXT_MIN_SPAN = 1024  # verify samples of one size T, L context tokens apart, with T x L >= this, show the context's
+# cost (design 33: 16 nodes 64 tokens apart, a plain step 1024)
+CONTEXT_MIN_SIZE = 4  # ... of trees this large (a plain step's is mostly timing noise)
+CONTEXT_MIN_PAIRS = 8  # ... and the context slope needs this many such pairs (else 0)
+CONTEXT_AGREEING = 0.75  # ... of which this share must find the longer context dearer (a sign test; else 0)
+CONTEXT_MIN_EFFECT = 0.05  # ... and explain this share of a pair's seconds over the upper quartile's span (else 0)
+CONTEXT_STEP_TOKENS = 32  # the verify curve is re-read at a new context once it moved this much (design 33)
 LEAN_FLOOR = 8  # a drafted choice below this leans to the first candidate >= it (or initial_budget if less; design 17)
 PRIOR_NEIGHBOURS = 2  # a prompt prior needs this many earlier sequences near the prompt's agreement (design 29)
 PRIOR_MIN_TOKENS = 4  # a sequence teaches the prior only after this many tokens from its drafted steps (design 29)
@@ -641,6 +670,8 @@ class StepRecord:
     catch_up_seconds      seconds of a catch-up the drafter ran as a forward of its own before the first draft
                           forward, which then forwarded the root alone (design 23); None: none ran apart (the
                           first forward carries any catch-up)
+    context_tokens        tokens in the target's cache that the tree attended to (prompt and committed tokens
+                          before the root; design 33); None when the loop does not report it
     """
 
     node_log_p: tuple[float, ...]
@@ -655,6 +686,7 @@ class StepRecord:
     complete: bool
     confidence: tuple[float, ...] = ()
     catch_up_seconds: float | None = None
+    context_tokens: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("node_log_p", "node_parent", "accepted", "forward_widths", "prefix_after_forward",
@@ -985,6 +1017,9 @@ class CostCurve:
         self.horizon = horizon  # only samples among the last this many adds are fitted (None: all; design 21)
         self.samples: dict[int, deque[float]] = {}
         self._clocks: dict[int, deque[int]] = {}  # [like samples] the add count at each sample
+        self._contexts: dict[int, deque[int | None]] = {}  # [like samples] the context each was measured at
+        self.context: int | None = None  # the context the curve is read at (design 33; None: as measured)
+        self.context_slope = 0.0  # seconds per size unit per context token (design 33)
         self.clock = 0  # samples added so far
         points = sorted((prior or {}).items())
         self._prior = _fit([x for x, _ in points], [y for _, y in points], [1.0] * len(points))
@@ -994,15 +1029,54 @@ class CostCurve:
         self._stale = True
         self.refit()
 
-    def add(self, size: int, seconds: float) -> None:
+    def add(self, size: int, seconds: float, context: int | None = None) -> None:
+        """One sample of ``size``; ``context``: the tokens the measured forward attended to beside its own (design
+        33), None when unknown."""
         samples = self.samples.get(size)
         if samples is None:
             samples = self.samples[size] = deque(maxlen=self.keep)
             self._clocks[size] = deque(maxlen=self.keep)
+            self._contexts[size] = deque(maxlen=self.keep)
         samples.append(float(seconds))
         self._clocks[size].append(self.clock)
+        self._contexts[size].append(context)
         self.clock += 1
         self._stale = True
+
+    def read_at(self, context: int | None) -> bool:
+        """Read the curve at ``context`` tokens from now on (design 33): every sample measured at a known context
+        moves by ``context_slope x size x (context - its context)``. A move of less than
+        :data:`CONTEXT_STEP_TOKENS` tokens (or a tenth of the context) is ignored, so that a growing sequence does not
+        refit at every step. Returns whether the curve changed (then :meth:`refit` before reading it)."""
+        if context is None or self.context is not None and abs(context - self.context) < max(
+                CONTEXT_STEP_TOKENS, 0.1 * self.context):
+            return False
+        self.context, self._stale = int(context), True
+        return True
+
+    def _context_slope(self) -> float:
+        """Theil-Sen over pairs of samples of one size (>= :data:`CONTEXT_MIN_SIZE`) whose contexts lie far enough
+        apart (size x context difference >= :data:`CONTEXT_MIN_SPAN`): the median of (seconds difference) / (size x
+        context difference). 0 unless there are :data:`CONTEXT_MIN_PAIRS` pairs, :data:`CONTEXT_AGREEING` of them
+        find the longer context dearer, and the difference it explains over the upper quartile of the pairs' spans is
+        at least :data:`CONTEXT_MIN_EFFECT` of their median seconds: else what the pairs show is timing noise (design
+        33)."""
+        slopes, spans, seconds = [], [], []
+        for size, samples in self.samples.items():
+            if size < CONTEXT_MIN_SIZE:
+                continue
+            measured = [(c, y) for c, y in zip(self._contexts[size], samples) if c is not None]
+            for i, (context_i, seconds_i) in enumerate(measured):
+                for context_j, seconds_j in measured[i + 1:]:
+                    span = size * abs(context_i - context_j)
+                    if span >= CONTEXT_MIN_SPAN:
+                        slopes.append((seconds_i - seconds_j) / (size * (context_i - context_j)))
+                        spans.append(span)
+                        seconds.append(0.5 * (seconds_i + seconds_j))
+        if len(slopes) < CONTEXT_MIN_PAIRS or sum(slope > 0 for slope in slopes) < CONTEXT_AGREEING * len(slopes):
+            return 0.0
+        slope, wide = _median(slopes), sorted(spans)[(3 * len(spans)) // 4]  # the upper quartile's span
+        return slope if slope * wide >= CONTEXT_MIN_EFFECT * _median(seconds) else 0.0
 
     def age(self, size: int) -> float:
         """Adds after ``size``'s newest sample (0: it was the last add; math.inf if never measured)."""
@@ -1011,13 +1085,20 @@ class CostCurve:
 
     def _recent(self) -> dict[int, list[float]]:
         """Per size, the samples the fit uses (design 21): those among the last ``horizon`` adds (age < horizon),
-        or the newest :data:`RECENT_SAMPLES` if fewer are (every kept sample when ``horizon`` is None)."""
-        if self.horizon is None:
-            return {size: list(samples) for size, samples in self.samples.items()}
+        or the newest :data:`RECENT_SAMPLES` if fewer are (every kept sample when ``horizon`` is None); each moved to
+        the context the curve is read at (design 33)."""
+        slope, context = (self._context_slope(), self.context) if self.context is not None else (0.0, None)
+        self.context_slope = slope
         used = {}
         for size, samples in self.samples.items():
-            recent = sum(1 for c in self._clocks[size] if self.clock - c <= self.horizon)
-            used[size] = list(samples)[-max(recent, RECENT_SAMPLES):]
+            values = list(samples)
+            if slope > 0:
+                values = [y if c is None else y + slope * size * (context - c)
+                          for y, c in zip(values, self._contexts[size])]
+            if self.horizon is not None:
+                recent = sum(1 for c in self._clocks[size] if self.clock - c <= self.horizon)
+                values = values[-max(recent, RECENT_SAMPLES):]
+            used[size] = values
         return used
 
     def refit(self) -> None:
@@ -1423,19 +1504,28 @@ class BudgetController:
         return self._choice
 
     # ------------------------------------------------------------------ the loop's three calls
-    def next_budget(self, catch_up_tokens: int = 0, tokens_left: int | None = None) -> int:
+    def next_budget(self, catch_up_tokens: int = 0, tokens_left: int | None = None,
+                    context_tokens: int | None = None) -> int:
         """The budget N of the coming step (asking twice before the step is observed gives the same N).
 
         ``catch_up_tokens``: committed tokens the drafter must forward before it drafts, because steps
         ran without drafting (:attr:`talon_sd.drafters.Drafter.catch_up_tokens`: the prompt, then plain
         steps' tokens); ``tokens_left``: at most this many tokens are still to come (None: unknown).
-        With both, a drafted step pays the catch-up only when it is worth it (design 6)."""
+        With both, a drafted step pays the catch-up only when it is worth it (design 6).
+        ``context_tokens``: the tokens in the target's cache the step's tree will attend to; verify costs are
+        read at that context (design 33; None: as measured)."""
         if self._planned is not None:
             return self._planned
         if not _is_int(catch_up_tokens) or catch_up_tokens < 0:
             raise bad_argument("catch_up_tokens", catch_up_tokens, "an integer >= 0")
         if tokens_left is not None and (not _is_int(tokens_left) or tokens_left < 0):
             raise bad_argument("tokens_left", tokens_left, "an integer >= 0 or None")
+        if context_tokens is not None and (not _is_int(context_tokens) or context_tokens < 0):
+            raise bad_argument("context_tokens", context_tokens, "an integer >= 0 or None")
+        if self.verify_cost.read_at(context_tokens):  # design 33: the costs of this context
+            self.verify_cost.refit()
+            self._rebuild_tables()
+            self._version += 1
         self._catch_up_tokens, self._tokens_left = catch_up_tokens, tokens_left
         catch_up, expected = self._catch_up_seconds(catch_up_tokens), self._expected_tokens_left(tokens_left)
         if self._trial_left > 0:
@@ -1604,7 +1694,7 @@ class BudgetController:
             raise TypeError(f"observe() takes a StepRecord, got {type(record).__name__}")
         forwards = len(record.forward_widths)
         # 1. costs
-        self.verify_cost.add(record.size, record.verify_seconds)
+        self.verify_cost.add(record.size, record.verify_seconds, record.context_tokens)
         self.overhead_cost.add(forwards, record.other_seconds)
         apart = record.catch_up_seconds  # design 23: a catch-up timed apart leaves the first forward clean
         catching_up = (self._previous_plain or self._catch_up_tokens > 0) and apart is None

@@ -99,7 +99,8 @@ def decode(pipeline: Pipeline, prompt_ids: torch.Tensor, stop: StopCondition, st
         while True:
             # 1-2. plan the budget, draft and build the tree (the builder calls the drafter once per layer)
             step_started = time.perf_counter()
-            plan = _plan(pipeline.controller, clock, drafter, stop)
+            context = target.cache.length  # tokens the tree attends to beside itself
+            plan = _plan(pipeline.controller, clock, drafter, stop, context)
             if drafter is not None:
                 drafter.begin_step(root)
             tree = builder.build(root, clock.expand, target.device, plan)
@@ -121,7 +122,7 @@ def decode(pipeline: Pipeline, prompt_ids: torch.Tensor, stop: StopCondition, st
             if pipeline.controller is not None:
                 pipeline.controller.observe(step_record(builder, tree, acceptance, forwards, plan, verify_seconds,
                                                         step_seconds - forwards.seconds - verify_seconds,
-                                                        target_confidence(logits, acceptance)))
+                                                        target_confidence(logits, acceptance), context))
             # 6. emit, stopping inside the path if needed
             for token in acceptance.new_tokens:
                 yield token
@@ -215,12 +216,13 @@ class _DraftClock:
 
 
 def _plan(controller: "BudgetController | None", clock: _DraftClock, drafter: Drafter | None,
-          stop: StopCondition) -> StepPlan | None:
-    """This step's budget and growth check from the controller (None: the builder's own budget)."""
+          stop: StopCondition, context: int) -> StepPlan | None:
+    """This step's budget and growth check from the controller (None: the builder's own budget); ``context``: the
+    tokens in the target's cache."""
     if controller is None:
         return None
     budget = controller.next_budget(drafter.catch_up_tokens if drafter is not None else 0,
-                                    max(stop.max_new_tokens - len(stop.tokens), 0))
+                                    max(stop.max_new_tokens - len(stop.tokens), 0), context)
 
     def keep_growing(tree: DraftTree, frontier: torch.Tensor) -> bool:
         return controller.keep_growing(tree.scores.tolist(), frontier.tolist(), list(clock.step.widths), budget)
@@ -237,10 +239,10 @@ def target_confidence(logits: torch.Tensor, acceptance: Acceptance) -> tuple[flo
 
 def step_record(builder: TreeBuilder, tree: DraftTree, acceptance: Acceptance, forwards: Forwards,
                 plan: StepPlan | None, verify_seconds: float, other_seconds: float,
-                confidence: tuple[float, ...] = ()) -> "StepRecord":
+                confidence: tuple[float, ...] = (), context_tokens: int | None = None) -> "StepRecord":
     """The controller's view of a verified step: nodes in the builder's inclusion order (so the first
-    k nodes are the tree budget k would have built), the usable prefix after each draft forward, and the
-    target's confidence before each committed token."""
+    k nodes are the tree budget k would have built), the usable prefix after each draft forward, the
+    target's confidence before each committed token and the context the tree attended to."""
     from .control import StepRecord
 
     order = builder.inclusion_order(tree)  # inclusion position -> node index
@@ -265,4 +267,5 @@ def step_record(builder: TreeBuilder, tree: DraftTree, acceptance: Acceptance, f
         complete=tree.size < budget,
         confidence=confidence,
         catch_up_seconds=forwards.catch_up_seconds,
+        context_tokens=context_tokens,
     )
