@@ -28,6 +28,7 @@ Budgets above the recorded tree size are cut to it (the controller's ``max_budge
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gzip
 import json
 import pathlib
@@ -93,10 +94,11 @@ HARDWARE = {
     # --variants bfloat16:auto; 4 ms of tree building a drafted step; the target's prefill 0.02 s + 4.1 ms a prompt
     # token, fitted to the sweep's ar requests; the draft's catch-up a third of that; the heads 2 ms a prompt row, target
     # 0.9-1.7 + draft 0.7-1.0, timed with prefill_logits against prefill)
-    # (verify by context: 16 nodes took 0.157-0.164 s at a QA prompt's ~45 tokens and 0.21 s at a summary's ~660 in
-    # scripts/trace_steps.py, 4.5 us a node per context token)
+    # (verify by context: the fixed budgets' steps of sweeps 21 and 23 took a median 179-188 ms at 16 nodes over
+    # contexts under 150 tokens and 191-209 ms over 600 or more (8 nodes: 140-154 / 154-171 ms; 1: no change), about
+    # 2 us a node per context token; one trace had read 4.5: --context-slope 4.5e-6)
     "epyc-bf16": Hardware(EPYC_BF16_MS["target"], EPYC_BF16_MS["draft"], 0.004, 0.0014, 0.02, 0.0041, 0.002,
-                           verify_context_slope=4.5e-6),
+                           verify_context_slope=2e-6),
     # an NVIDIA H200 through transformers' eager forward, bf16, the pair's shapes with random weights (docs/
     # BENCHMARKS.md section 5, "On a GPU": scripts/forward_costs.py --device cuda; 5.6 ms of tree building a drafted
     # step; a catch-up rides on the draft's first forward at no measurable cost; prefill 0.02 s)
@@ -347,6 +349,8 @@ def main(argv=None) -> int:
                         help="a ControllerSettings field for this replay (e.g. lean_margin=0.05); repeatable")
     parser.add_argument("--blind-context", action="store_true",
                         help="do not tell the controller each step's context (before design 33)")
+    parser.add_argument("--context-slope", type=float, default=None, metavar="SECONDS",
+                        help="the hardware's verify seconds per node per context token (default: --hardware's)")
     args = parser.parse_args(argv)
     turns = load_turns(args.positions)
     if args.order is not None:
@@ -358,6 +362,8 @@ def main(argv=None) -> int:
             parser.error(f"--order: a dataset named twice in {args.order!r} (each is replayed once)")
         turns = [turn for dataset in order for turn in turns if turn.dataset == dataset]
     hardware = HARDWARE[args.hardware]
+    if args.context_slope is not None:
+        hardware = dataclasses.replace(hardware, verify_context_slope=args.context_slope)
     recorded = max(len(p["tokens"]) for t in turns for p in t.positions)
     fixed = [int(k) for k in args.fixed.split(",")]
     bar = [int(k) for k in args.bar.split(",")]

@@ -1530,7 +1530,8 @@ def test_the_gap_rule_needs_a_far_prompt_steep_verification_and_too_few_neighbou
         follower._prompt_pairs.extend(pairs)
         due = follower.prompt_agreement_due()
         # design 32: measured where an agreement could start it plain (a loss on record, or design 30 could act)
-        assert follower.choice > 1 and due == ((gap > 0 and steep_world) or any(speed < 1 for _, speed in pairs))
+        losses = sum(speed < 1 for _, speed in pairs)  # (the cases below: two losses lie within the width)
+        assert follower.choice > 1 and due == ((gap > 0 and steep_world) or losses >= 2)
         if due:
             follower.observe_prompt(agreement)
         return follower
@@ -1550,7 +1551,7 @@ def test_the_gap_rule_needs_a_far_prompt_steep_verification_and_too_few_neighbou
     # a tree costs little more than a plain step to verify: not measured at all (design 32), and where a loss on
     # record makes it measured, not far below either
     assert told(flat, code, 0.5, steep_world=False).prompt_prior is None
-    flat_prior = told(flat, code + [(0.95, 0.9)], 0.5, steep_world=False).prompt_prior
+    flat_prior = told(flat, code + [(0.95, 0.9), (0.97, 0.9)], 0.5, steep_world=False).prompt_prior
     assert not flat_prior["far_below"] and not flat_prior["started_plain"]
 
 
@@ -1642,7 +1643,10 @@ def test_the_prompt_heads_are_paid_only_where_an_agreement_could_change_the_star
     flat, controller = dues(FLAT, [])
     assert controller.choice > 1 and controller._verify(controller.choice) < FAR_VERIFY_RATIO * controller._verify(1)
     assert flat == [i % PRIOR_SAMPLE_EVERY == 0 for i in range(1, 9)], flat
-    assert all(dues(FLAT, [(0.5, 0.9)])[0])  # a prompt that drafted slower than plain decoding: every one measures
+    # two near prompts that drafted slower than plain decoding: an agreement between them starts plain, so every
+    # sequence measures; a lone loss among faster neighbours could start nothing plain: only the sample measures
+    assert all(dues(FLAT, [(0.5, 0.9), (0.53, 0.95)])[0])
+    assert dues(FLAT, [(0.49, 1.3), (0.5, 0.9), (0.51, 1.3)])[0] == flat
     said, controller = dues(steep, [])
     assert controller.choice > 1 and controller._verify(controller.choice) >= FAR_VERIFY_RATIO * controller._verify(1)
     assert all(said), said
@@ -1652,7 +1656,8 @@ def test_asking_whether_the_prompt_prior_is_due_changes_nothing_and_a_prior_that
     controller = BudgetController(ControllerSettings(initial_budget=16))
     simulate(SLOPED, 20, controller)
     follower = controller.for_next_sequence()
-    follower._prompt_pairs.append((0.9, 0.95))  # a loss on record: an agreement could start it plain (design 32)
+    follower._prompt_pairs.extend([(0.9, 0.95), (0.92, 0.9)])  # losses on record: an agreement near them starts
+    # plain, so it is asked (design 32)
     before = follower.summary()
     assert follower.prompt_agreement_due(39, 128) and follower.summary() == before
     assert follower.next_budget(39, 128) > 1  # what the copy said the first step would do
@@ -1663,7 +1668,7 @@ def test_asking_whether_the_prompt_prior_is_due_changes_nothing_and_a_prior_that
         controller = controller.for_next_sequence()
         dues.append(controller.prompt_agreement_due(39, 128))
         lost = controller.for_next_sequence()
-        lost._prompt_pairs.append((0.9, 0.95))
+        lost._prompt_pairs.extend([(0.9, 0.95), (0.92, 0.9)])
         losing.append(lost.prompt_agreement_due(39, 128))
     assert dues.count(True) == 2 and dues[3] and dues[7], dues
-    assert all(losing)  # one loss on record: every sequence measures
+    assert all(losing)  # two near losses on record: every sequence measures

@@ -515,10 +515,11 @@ Design ("Improvement" marks where this goes past the obvious recipe)
    against ``prefill``), 0.08 s on a 39-token QA prompt, 4% of its 17-token answer, and there no agreement could
    have started a sequence plain: no measured prompt had lost, and the first step's tree verifies at under
    :data:`FAR_VERIFY_RATIO` plain verifies, so neither design 29's losing neighbours nor design 30 can act. Now a
-   sequence pays the heads when an agreement could change its start (a measured prompt drafted slower than plain
-   decoding, or the first tree verifies at :data:`FAR_VERIFY_RATIO` or more), and otherwise only every
+   sequence pays the heads when an agreement could change its start (the measured prompts near some agreement drafted,
+   on average, slower than plain decoding, or the first tree verifies at :data:`FAR_VERIFY_RATIO` or more), and otherwise only every
    :data:`PRIOR_SAMPLE_EVERY`-th sequence, from the first on, so that pairs still gather for when the machine or the
-   text turns. Sweep 13 replayed (8 seeds; the EPYC's heads now charged at the 2 ms measured): bf16 on the EPYC,
+   text turns; a lone loss among faster neighbours cannot start a prompt plain and does not count. Sweep 13 replayed
+   (8 seeds; the EPYC's heads now charged at the 2 ms measured): bf16 on the EPYC,
    mt_bench 0.981 -> 0.985 and alpaca 0.958 -> 0.962 of the best of N = 8, 12, 16, all 0.983 -> 0.985; the Xeon
    0.996 -> 0.997; the AVX2 EPYC in float32 unchanged on every dataset (its verify curve is steep: every sequence
    still measures). Tried and left out: measuring only once a pair exists that some agreement could act on (design
@@ -526,26 +527,27 @@ Design ("Improvement" marks where this goes past the obvious recipe)
    1.529 -> 1.516, as the first sequences of a fresh process then taught the prior nothing.
 
 33. Verify costs by context (:meth:`CostCurve.read_at`, ``StepRecord.context_tokens``, ``next_budget``'s
-   ``context_tokens``). A tree's verify attends to every cached token, so its cost grows with tree size x context:
-   on the EPYC with AVX512-BF16 in bf16, 16 nodes took 0.157-0.164 s over a QA prompt's ~45 tokens and 0.21 s over a
-   summary's ~660, while a plain step took 0.12 s over either (``scripts/trace_steps.py``): about 4.5 us a node per
-   context token, as much again as a node's own share at 45 tokens. The curve kept each size's last samples
-   whatever context they came from, so after the summaries the sizes a QA answer did not run again kept their long
-   context costs while the ones it ran were measured cheap: the relative costs that choose N were wrong for the whole
-   of the short answers. The loop now tells the controller the target's cache length at each step; the verify curve
-   estimates a context slope (Theil-Sen over pairs of samples of one size of at least :data:`CONTEXT_MIN_SIZE` nodes
-   whose contexts lie at least :data:`CONTEXT_MIN_SPAN` node-tokens apart) and, read at the coming step's context
-   (re-read once it moved :data:`CONTEXT_STEP_TOKENS` tokens or a tenth), moves every sample there. Where a context
-   costs nothing the pairs differ by timing noise, and one noisy sample at another context tips many pairs at once:
-   the slope is used only with :data:`CONTEXT_MIN_PAIRS` pairs, :data:`CONTEXT_AGREEING` of them finding the longer
-   context dearer, and a difference over the upper quartile of their spans of at least :data:`CONTEXT_MIN_EFFECT`
-   of their seconds. Sweep 13 replayed with the EPYC's costs made context-dependent (4.5 us a node per context token
-   about forward_costs' 200; 24 seeds; ``scripts/replay_positions.py --blind-context`` for before): the sweep's order
-   all 0.982 -> 0.984 of the best of N = 8, 12, 16 (worst seed 0.967 -> 0.971), alpaca 0.960 -> 0.966 (worst 0.896 ->
-   0.926), gsm8k 0.973 -> 0.981, qa 0.967 -> 0.958 median but worst 0.893 -> 0.910; sum then qa, qa 0.942 -> 0.968
-   (mean 0.932 -> 0.960, worst 0.866 -> 0.908). The replays without a context cost (the Xeon's, the AVX2 EPYC's
-   float32) are unchanged but one Xeon qa (1.015 -> 1.011): the guards hold the slope at 0 there. Without the last
-   two guards the estimate found a context cost in float32 noise and cost alpaca 0.9-1.3% on both.
+   ``context_tokens``). A tree's verify attends to every cached token, so its cost grows with the context: on the EPYC
+   with AVX512-BF16 in bf16 the fixed budgets' steps of two sweeps took a median 179-188 ms at 16 nodes over contexts
+   under 150 tokens and 191-209 ms over 600 or more (8 nodes 140-154 / 154-171 ms; a plain step no dearer), about
+   2 us a node per context token; one trace read 0.157-0.164 s at 16 nodes over a QA prompt against 0.21 s over a
+   summary. The curve kept each size's last samples whatever context they came from, so after the summaries the sizes a
+   QA answer did not run again kept their long-context costs while the ones it ran were measured cheap, and the
+   relative costs that choose N were off for the whole of the short answers. The loop now tells the controller the
+   target's cache length at each step; the verify curve estimates a context slope (Theil-Sen over pairs of samples of
+   one size of at least :data:`CONTEXT_MIN_SIZE` nodes whose contexts lie at least :data:`CONTEXT_MIN_SPAN`
+   node-tokens apart) and, read at the coming step's context (re-read once it moved :data:`CONTEXT_STEP_TOKENS` tokens
+   or a tenth), moves every sample there. Where a context costs nothing the pairs differ by timing noise, and one
+   noisy sample at another context tips many pairs at once: the slope is used only with :data:`CONTEXT_MIN_PAIRS`
+   pairs, :data:`CONTEXT_AGREEING` of them finding the longer context dearer, and a difference over the upper
+   quartile of their spans of at least :data:`CONTEXT_MIN_EFFECT` of their seconds. Sweep 13 replayed with the EPYC's
+   costs made context-dependent (2 us a node per token about forward_costs' 200-token cache; 24 seeds;
+   ``scripts/replay_positions.py --blind-context`` for before): the sweep's order all 0.981 -> 0.982 of the best of
+   N = 8, 12, 16, qa 0.949 -> 0.989 (mean 0.955 -> 0.975), the other datasets within 0.007; sum then qa, qa 0.956 ->
+   0.978. At 4.5 us (``--context-slope 4.5e-6``) all 0.982 -> 0.984, alpaca 0.960 -> 0.966, gsm8k 0.973 -> 0.981, sum
+   then qa's qa 0.942 -> 0.968. The replays without a context cost (the Xeon's, the AVX2 EPYC's float32) are unchanged
+   but one Xeon qa (1.015 -> 1.011): the guards hold the slope at 0 there. Without the last two guards the estimate
+   found a context cost in float32 timing noise and cost alpaca 0.9% there and 0.8% on the Xeon.
 
 Not modelled: keep_growing looks one layer ahead;
 a step stopped early by keep_growing is taken to be what every larger budget would have built (true
@@ -1594,10 +1596,11 @@ class BudgetController:
         return copy.deepcopy(self).next_budget(catch_up_tokens, tokens_left) > 1
 
     def _prior_can_start_plain(self) -> bool:
-        """Whether some agreement could make :meth:`observe_prompt` start this sequence plain (design 32): an earlier
-        measured prompt drafted slower than plain decoding (design 29's neighbours), or one taught the prior and
-        verifying the first step's tree costs at least :data:`FAR_VERIFY_RATIO` plain verifies (design 30)."""
-        if any(speed < 1 for _, speed in self._prompt_pairs):
+        """Whether some agreement could make :meth:`observe_prompt` start this sequence plain (design 32): the earlier
+        measured prompts near some agreement drafted, on average, slower than plain decoding (design 29), or one taught
+        the prior and verifying the first step's tree costs at least :data:`FAR_VERIFY_RATIO` plain verifies (design
+        30)."""
+        if self._a_near_set_loses():
             return True
         if self.settings.prompt_gap <= 0 or not self.verify_cost.has(1):
             return False
@@ -1644,6 +1647,25 @@ class BudgetController:
             self._next_trial = max(self._next_trial, self._step + self._interval)  # no scheduled probe at once
             self._planned = None
             self._version += 1
+
+    def _a_near_set_loses(self) -> bool:
+        """Whether some agreement in [0, 1] has at least :data:`PRIOR_NEIGHBOURS` earlier prompts within
+        ``prompt_prior_width`` that drafted, on average, slower than plain decoding (design 29 would start it plain;
+        design 32). The near set changes only where an agreement crosses a pair's edge (its agreement +- the width),
+        so those edges and the midpoints between them near a losing pair are the agreements to try."""
+        width, pairs = self.settings.prompt_prior_width, self._prompt_pairs
+        losing = [other for other, speed in pairs if speed < 1]
+        if not losing:
+            return False
+        edges = sorted({edge for other, _ in pairs for edge in (other - width, other + width)})
+        tries = set(edges) | {(left + right) / 2 for left, right in zip(edges, edges[1:])}
+        for agreement in tries:
+            if not 0 <= agreement <= 1 or all(abs(other - agreement) > width for other in losing):
+                continue
+            near = [speed for other, speed in pairs if abs(other - agreement) <= width]
+            if len(near) >= PRIOR_NEIGHBOURS and sum(near) < len(near):
+                return True
+        return False
 
     def _drafted_speed(self) -> float | None:
         """This sequence's drafted steps' tokens per second over plain decoding's modelled rate, when its prompt
