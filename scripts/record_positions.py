@@ -1,7 +1,7 @@
 """Record the real pair's draft trees at every position of recorded greedy answers: exact replay worlds.
 
-For each prompt turn of a ``talon bench`` / ``talon sweep`` checkpoint, takes the plain (``ar``) answer as the
-target's greedy text and, at every position t of it, builds the TALON tree of ``--budget`` nodes that the draft
+For each prompt turn of a ``talon bench`` / ``talon sweep`` checkpoint, takes the plain (``ar``) answer (or
+``--label``'s) as the target's greedy text and, at every position t of it, builds the TALON tree of ``--budget`` nodes that the draft
 LM builds from the prompt plus the answer's first t tokens (root = the last of them), exactly as the decoding
 loop would (same drafter, builder and cache path; the target is not run per position). Because a smaller
 budget's tree is the first k nodes of this one in inclusion order (:mod:`talon_sd.control`, the prefix
@@ -38,10 +38,14 @@ from talon_sd.lm import CausalLM
 from talon_sd.verify import Acceptance
 
 
-def checkpoint_turns(path: pathlib.Path) -> tuple[dict, list[dict]]:
-    """(fingerprint, the ``ar`` rows in order) of a bench checkpoint."""
+def checkpoint_turns(path: pathlib.Path, label: str = "ar") -> tuple[dict, list[dict], dict]:
+    """(fingerprint, the ``ar`` rows in order, ``label``'s answers by index) of a bench checkpoint."""
     lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return lines[0]["fingerprint"], [row for row in lines[1:] if row["label"] == "ar"]
+    answers = {row["index"]: row["token_ids"] for row in lines[1:] if row["label"] == label}
+    if not answers:
+        labels = sorted({row["label"] for row in lines[1:]})
+        raise SystemExit(f"--label: no rows labelled {label!r} in {path} (it has {labels})")
+    return lines[0]["fingerprint"], [row for row in lines[1:] if row["label"] == "ar"], answers
 
 
 def target_confidences(generator: SpeculativeGenerator, ids: torch.Tensor, answer: list[int]) -> list[float]:
@@ -95,8 +99,12 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=pathlib.Path, required=True)
     parser.add_argument("--budget", type=int, default=32, help="nodes per recorded tree (root counted)")
     parser.add_argument("--datasets", default=None, help="comma-separated subset of the checkpoint's datasets")
+    parser.add_argument("--label", default="ar",
+                        help="whose answers to record (default ar; in bf16 a tree variant's greedy text can differ "
+                             "from ar's, e.g. 'talon(N=16,K=4,mu=0.03)'); later turns' prompts still hold ar's answers, "
+                             "as the bench sent them")
     args = parser.parse_args(argv)
-    fingerprint, rows = checkpoint_turns(args.checkpoint)
+    fingerprint, rows, answers = checkpoint_turns(args.checkpoint, args.label)
     talon = next(v["tree"] for v in fingerprint["variants"] if v["method"] == "talon")
     config = TreeConfig(method="talon", budget=args.budget, topk=talon["topk"], mu=talon["mu"])
     done = set()
@@ -116,9 +124,9 @@ def main(argv=None) -> int:
             if int(ids.numel()) != row["prompt_tokens"]:
                 raise SystemExit(f"{prompt.dataset} {prompt.question_id} turn {turn + 1}: prompt has {ids.numel()} "
                                  f"tokens, the checkpoint {row['prompt_tokens']}")
-            answer = row["token_ids"]
+            answer = answers[row["index"]]
             history = history + [{"role": "user", "content": prompt.turns[turn]},
-                                 {"role": "assistant", "content": text_of(generator, answer)}]
+                                 {"role": "assistant", "content": text_of(generator, row["token_ids"])}]
             if row["index"] in done or prompt.dataset not in wanted:
                 continue
             started = time.perf_counter()

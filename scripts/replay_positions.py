@@ -177,20 +177,22 @@ def replay_step(turn: Turn, start: int, budget: int, pending: int, clock: Clock,
 def replay_turn(turn: Turn, policy: BudgetController | int | Callable[[int, float], int], clock: Clock,
                 max_new_tokens: int, tokens: int | None = None, steps: list | None = None,
                 agreement: float | None = None, agreement_positions: int = AGREEMENT_POSITIONS,
-                tell_context: bool = True) -> tuple[int, float, list[int], list[str]]:
+                tell_context: bool = True, tell_prompt_context: bool = True) -> tuple[int, float, list[int], list[str]]:
     """(tokens, seconds, budgets, reasons) of one request: a controller, a fixed budget, or a rule giving each step's
     budget from the last step's committed tokens (0 before the first) and the target's confidence there.
     ``steps``, if given, receives each step's (budget, committed tokens, seconds). ``agreement``: the prompt's
     draft/target agreement over up to ``agreement_positions`` positions, told to a controller that asks for it as the
     loop does (design 29: both heads' cost and the draft's prompt forward are then paid before the first step).
-    ``tell_context``: give the controller each step's context, as the loop does (design 33)."""
+    ``tell_context``: give the controller each step's context, as the loop does (design 33); ``tell_prompt_context``:
+    and the first step's with the prompt agreement (design 34)."""
     controller = policy if isinstance(policy, BudgetController) else None
     length = len(turn.answer) if tokens is None else min(tokens, len(turn.answer))
     position, pending, budgets, reasons = 0, turn.prompt_tokens, [], []
     seconds = clock.hardware.prefill_seconds(turn.prompt_tokens)
+    context = (turn.prompt_tokens - 1,) if tell_context and tell_prompt_context else ()  # design 34
     if (controller is not None and agreement is not None
-            and controller.prompt_agreement_due(pending - 1, max_new_tokens)):
-        controller.observe_prompt(agreement)
+            and controller.prompt_agreement_due(pending - 1, max_new_tokens, *context)):
+        controller.observe_prompt(agreement, *context)
         positions = min(turn.prompt_tokens - 1, agreement_positions)
         seconds += clock.hardware.agreement_seconds * positions + clock.hardware.catch_up_seconds * (pending - 1)
         pending = 1
@@ -241,9 +243,10 @@ def load_turns(paths: list[pathlib.Path]) -> list[Turn]:
 def replay(turns: list[Turn], seed: int, fixed: list[int], noise: float, max_new_tokens: int,
            settings: ControllerSettings, hardware: Hardware,
            agreements: dict | None = None, agreement_positions: int = AGREEMENT_POSITIONS,
-           tell_context: bool = True) -> tuple[dict, Counter]:
+           tell_context: bool = True, tell_prompt_context: bool = True) -> tuple[dict, Counter]:
     """Per dataset and policy ('auto' and each fixed budget): [tokens, seconds]; auto's reasons. ``agreements``:
-    prompt agreements by turn index (design 29), told to auto where it asks; ``tell_context``: see replay_turn."""
+    prompt agreements by turn index (design 29), told to auto where it asks; ``tell_context``,
+    ``tell_prompt_context``: see replay_turn."""
     totals: dict = defaultdict(lambda: defaultdict(lambda: [0, 0.0]))
     reasons: Counter = Counter()
     controller = BudgetController(settings)
@@ -257,7 +260,8 @@ def replay(turns: list[Turn], seed: int, fixed: list[int], noise: float, max_new
             tokens, seconds, _, why = replay_turn(turn, policy, clock, max_new_tokens,
                                                   agreement=(agreements or {}).get(turn.index),
                                                   agreement_positions=agreement_positions,
-                                                  tell_context=tell_context)
+                                                  tell_context=tell_context,
+                                                  tell_prompt_context=tell_prompt_context)
             for key in (turn.dataset, "all"):
                 totals[key][label][0] += tokens
                 totals[key][label][1] += seconds
@@ -349,6 +353,9 @@ def main(argv=None) -> int:
                         help="a ControllerSettings field for this replay (e.g. lean_margin=0.05); repeatable")
     parser.add_argument("--blind-context", action="store_true",
                         help="do not tell the controller each step's context (before design 33)")
+    parser.add_argument("--blind-prompt-context", action="store_true",
+                        help="do not tell the controller the first step's context with the prompt agreement (before "
+                             "design 34)")
     parser.add_argument("--context-slope", type=float, default=None, metavar="SECONDS",
                         help="the hardware's verify seconds per node per context token (default: --hardware's)")
     args = parser.parse_args(argv)
@@ -379,7 +386,8 @@ def main(argv=None) -> int:
     ratios, rates, reasons = defaultdict(list), defaultdict(lambda: defaultdict(list)), Counter()
     for seed in range(args.seeds):
         totals, why = replay(turns, seed, fixed, args.noise, args.max_new_tokens, settings, hardware, agreements,
-                             10 ** 6 if args.measure == "agree" else AGREEMENT_POSITIONS, not args.blind_context)
+                             10 ** 6 if args.measure == "agree" else AGREEMENT_POSITIONS, not args.blind_context,
+                             not args.blind_prompt_context)
         reasons.update(why)
         for dataset, by_policy in totals.items():
             rate = {label: tokens / seconds for label, (tokens, seconds) in by_policy.items()}

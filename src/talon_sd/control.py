@@ -495,7 +495,7 @@ Design ("Improvement" marks where this goes past the obvious recipe)
    source of the carried samples, unless later ones drafted without being measured), too few earlier prompts are
    near it for design 29 to judge and none of those drafted at least as fast as plain decoding, and verifying the
    first step's tree (the carried choice, or the first probe's size from plain) costs at least
-   :data:`FAR_VERIFY_RATIO` plain verifies (on the EPYC in float32 1.8x at 4 nodes, 2.9x at 32; bf16 on the Xeon
+   :data:`FAR_VERIFY_RATIO` plain verifies (1.5; 1.75 since design 34) (on the EPYC in float32 1.8x at 4 nodes, 2.9x at 32; bf16 on the Xeon
    1.0-1.15x, the H200 1.05-1.2x), the sequence starts as design 29's losing neighbours make it start:
    plain, the carried samples and the last text's confidences dropped, and so are the lengths of the last answers
    (design 9's estimate of the tokens left, which let the second qa answer run a trial that lost 10%: code's
@@ -549,6 +549,24 @@ Design ("Improvement" marks where this goes past the obvious recipe)
    but one Xeon qa (1.015 -> 1.011): the guards hold the slope at 0 there. Without the last two guards the estimate
    found a context cost in float32 timing noise and cost alpaca 0.9% there and 0.8% on the Xeon.
 
+34. Design 30's steepness read where the first step runs (``prompt_agreement_due`` and ``observe_prompt`` take the
+   first step's ``context_tokens``; :data:`FAR_VERIFY_RATIO` 1.75, was 1.5). Design 30 asked whether the first tree
+   verifies at 1.5 plain verifies or more with the verify curve still read where the last sequence ended (design 33):
+   after a 918-token summary prompt and its 128-token answer, the next summary (a 422-token prompt whose agreement, 0.39,
+   lay 0.3 below the last measured one) read 16-20 nodes at about 1.6 plain verifies, started plain (16 plain steps, then
+   a climb from a trial of 4) on the EPYC with AVX512-BF16, where N = 8-16 ran it at 1.7-1.9x plain decoding (timed
+   ``--repeats 3`` run, docs/BENCHMARKS.md section 5: 12.7 s against 11.1-11.8 s at a fixed N), and the climb's leans
+   carried into the first QA answer, which opened at 24 nodes and leaned to 32 (4.05 s against 3.09 at N = 12). The
+   costs are now read at the new prompt's context, and the ratio is 1.75: bf16 on that EPYC verifies 16 nodes at 1.25-1.4
+   plain verifies and 32 at 1.6 over short contexts, float32 on the AVX2 EPYC 4 nodes at 1.8 and 16 at 2.2 (the rule's
+   case), the Xeon and the H200 under 1.2. Replays (16 seeds, median): sum then qa on the EPYC's bf16 costs qa 0.914 ->
+   0.917 (at 4.5 us a node per context token 0.918 -> 0.925), sweep 13's order 0.984 -> 0.985, the AVX2 EPYC's float32
+   orders (humaneval then qa or sum, all) unchanged. Tried in the same replays and left out: keeping a carried choice
+   above the anchor, or a lean above it, out of a new sequence until its first 1-3 drafted steps (sum then qa, qa 0.917 ->
+   0.928-0.942; sweep 13's alpaca 0.967 -> 0.958-0.963 on the EPYC, 0.972 -> 0.934-0.968 on the Xeon); and a second
+   condition on a 4-node tree's verify (it is interpolated where small trees never ran: the AVX2 humaneval then qa fell
+   0.967 -> 0.939).
+
 Not modelled: keep_growing looks one layer ahead;
 a step stopped early by keep_growing is taken to be what every larger budget would have built (true
 up to keep_growing's own dependence on the budget).
@@ -593,7 +611,8 @@ PRIOR_NEIGHBOURS = 2  # a prompt prior needs this many earlier sequences near th
 PRIOR_MIN_TOKENS = 4  # a sequence teaches the prior only after this many tokens from its drafted steps (design 29)
 PRIOR_PAIRS = 64  # (agreement, drafted speed over plain) pairs kept, newest last (design 29)
 PRIOR_SAMPLE_EVERY = 4  # where no agreement could change a start, only every 4th sequence measures its prompt (design 32)
-FAR_VERIFY_RATIO = 1.5  # design 30 acts where verifying the first step's tree costs this many plain verifies or more
+FAR_VERIFY_RATIO = 1.75  # design 30 acts where verifying the first step's tree costs this many plain verifies or more
+# (at the new prompt's context; 1.5 before design 34)
 NEW_COMMAND_MARGIN = 1.25  # a new command keeps the carried drafted choice only if it beat plain by this factor (design 27)
 CHILD_PRIOR_SHARE = 0.7  # prior: an accepted, expanded node has one of its drafted children accepted 70% of the time
 # why a step got its budget (:attr:`BudgetController.reason`, recorded per step in the decoding stats)
@@ -1524,10 +1543,7 @@ class BudgetController:
             raise bad_argument("tokens_left", tokens_left, "an integer >= 0 or None")
         if context_tokens is not None and (not _is_int(context_tokens) or context_tokens < 0):
             raise bad_argument("context_tokens", context_tokens, "an integer >= 0 or None")
-        if self.verify_cost.read_at(context_tokens):  # design 33: the costs of this context
-            self.verify_cost.refit()
-            self._rebuild_tables()
-            self._version += 1
+        self._read_verify_at(context_tokens)  # design 33: the costs of this context
         self._catch_up_tokens, self._tokens_left = catch_up_tokens, tokens_left
         catch_up, expected = self._catch_up_seconds(catch_up_tokens), self._expected_tokens_left(tokens_left)
         if self._trial_left > 0:
@@ -1571,6 +1587,13 @@ class BudgetController:
         self._reasons[self._reason] += 1
         return budget
 
+    def _read_verify_at(self, context_tokens: int | None) -> None:
+        """Read the verify curve at ``context_tokens`` (design 33; None: leave it where it is read)."""
+        if self.verify_cost.read_at(context_tokens):
+            self.verify_cost.refit()
+            self._rebuild_tables()
+            self._version += 1
+
     @property
     def reason(self) -> str:
         """Why the planned (or last planned) step got its budget: a key of :data:`REASONS`."""
@@ -1582,18 +1605,23 @@ class BudgetController:
         last pair's agreement on steep verification, started plain), or None before :meth:`observe_prompt`."""
         return self._prior
 
-    def prompt_agreement_due(self, catch_up_tokens: int = 0, tokens_left: int | None = None) -> bool:
+    def prompt_agreement_due(self, catch_up_tokens: int = 0, tokens_left: int | None = None,
+                             context_tokens: int | None = None) -> bool:
         """Whether the loop should measure this sequence's prompt agreement before its first step (design 29): the
         sequence has run no step, the prior is on (``prompt_prior_width`` > 0, plain decoding allowed), and the
         first step would draft (:meth:`next_budget` with the same arguments, asked of a copy: this controller is
         left as it was). A plain first step has nothing to be spared, and the draft's prompt forward, which the
-        measurement runs at once, is then one the first step would have run anyway."""
+        measurement runs at once, is then one the first step would have run anyway. ``context_tokens``: the
+        target's cache at the first step (the prompt but its last token), where its verify costs are read (design
+        34; None: where the last step read them)."""
         if (self._sequence_tokens or self._agreement is not None or not self.settings.allow_plain
                 or self.settings.prompt_prior_width <= 0 or self._planned is not None):
             return False
-        if not self._prior_can_start_plain() and self._sequences % PRIOR_SAMPLE_EVERY:
+        ahead = copy.deepcopy(self)
+        ahead._read_verify_at(context_tokens)
+        if not ahead._prior_can_start_plain() and self._sequences % PRIOR_SAMPLE_EVERY:
             return False  # no agreement could change this start (design 32): only a sample of the prompts pays
-        return copy.deepcopy(self).next_budget(catch_up_tokens, tokens_left) > 1
+        return ahead.next_budget(catch_up_tokens, tokens_left, context_tokens) > 1
 
     def _prior_can_start_plain(self) -> bool:
         """Whether some agreement could make :meth:`observe_prompt` start this sequence plain (design 32): the earlier
@@ -1607,7 +1635,7 @@ class BudgetController:
         tree_size = max(self._choice, self.settings.plain_probe_budget)
         return self._verify(tree_size) >= FAR_VERIFY_RATIO * self._verify(1)
 
-    def observe_prompt(self, agreement: float) -> None:
+    def observe_prompt(self, agreement: float, context_tokens: int | None = None) -> None:
         """The share of prompt positions where the draft's argmax equals the target's (designs 29, 30). When the
         earlier sequences whose agreement lies within ``prompt_prior_width`` of it (at least
         :data:`PRIOR_NEIGHBOURS`) drafted, on average, slower than plain decoding on this machine, the carried
@@ -1615,11 +1643,15 @@ class BudgetController:
         text shows it pays (trials from plain, design 12). The same when too few earlier prompts are near and none of
         them drafted as fast as plain, the agreement lies more than ``prompt_gap`` below the last pair's (the
         sequence whose samples are carried) and verifying the first step's tree costs at least :data:`FAR_VERIFY_RATIO`
-        plain verifies (design 30). Call before the sequence's first step."""
+        plain verifies (design 30), read at ``context_tokens`` (the target's cache at the first step, design 34; None:
+        where the last step read them). Call before the sequence's first step."""
         if not _is_number(agreement) or not 0 <= agreement <= 1:
             raise bad_argument("agreement", agreement, "a number in [0, 1]")
+        if context_tokens is not None and (not _is_int(context_tokens) or context_tokens < 0):
+            raise bad_argument("context_tokens", context_tokens, "an integer >= 0 or None")
         if self._sequence_tokens:
             raise TalonError("observe_prompt: the sequence has already run steps (call it before the first)")
+        self._read_verify_at(context_tokens)
         self._agreement = float(agreement)
         width = self.settings.prompt_prior_width
         near = [speed for other, speed in self._prompt_pairs if abs(other - agreement) <= width]

@@ -150,7 +150,7 @@ def _prefill(pipeline: Pipeline, prompt_ids: torch.Tensor, capture: tuple[int, .
     target, drafter, controller = pipeline.target, pipeline.drafter, pipeline.controller
     context = prompt_ids[:-1]  # [L - 1]
     if (controller is None or drafter is None or not drafter.reads_prompt or capture or not context.numel()
-            or not controller.prompt_agreement_due(int(context.numel()), stop.max_new_tokens)):
+            or not controller.prompt_agreement_due(int(context.numel()), stop.max_new_tokens, int(context.numel()))):
         features = target.prefill(context, capture)
         if drafter is not None:
             drafter.start(prompt_ids, features)
@@ -162,7 +162,7 @@ def _prefill(pipeline: Pipeline, prompt_ids: torch.Tensor, capture: tuple[int, .
     if logits_draft is not None:
         agree = logits_target.argmax(-1) == logits_draft.to(logits_target.device).argmax(-1)  # [K]
         stats.prompt_agreement = agree.float().mean().item()
-        controller.observe_prompt(stats.prompt_agreement)
+        controller.observe_prompt(stats.prompt_agreement, int(context.numel()))  # read at the first step's context
         stats.prompt_started_plain = bool(controller.prompt_prior and controller.prompt_prior["started_plain"])
 
 
