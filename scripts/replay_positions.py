@@ -243,10 +243,12 @@ def load_turns(paths: list[pathlib.Path]) -> list[Turn]:
 def replay(turns: list[Turn], seed: int, fixed: list[int], noise: float, max_new_tokens: int,
            settings: ControllerSettings, hardware: Hardware,
            agreements: dict | None = None, agreement_positions: int = AGREEMENT_POSITIONS,
-           tell_context: bool = True, tell_prompt_context: bool = True) -> tuple[dict, Counter]:
+           tell_context: bool = True, tell_prompt_context: bool = True,
+           trace: list | None = None) -> tuple[dict, Counter]:
     """Per dataset and policy ('auto' and each fixed budget): [tokens, seconds]; auto's reasons. ``agreements``:
     prompt agreements by turn index (design 29), told to auto where it asks; ``tell_context``,
-    ``tell_prompt_context``: see replay_turn."""
+    ``tell_prompt_context``: see replay_turn. ``trace``, if given, receives per turn (turn, auto's budgets, auto's
+    reasons, seconds by policy)."""
     totals: dict = defaultdict(lambda: defaultdict(lambda: [0, 0.0]))
     reasons: Counter = Counter()
     controller = BudgetController(settings)
@@ -254,10 +256,11 @@ def replay(turns: list[Turn], seed: int, fixed: list[int], noise: float, max_new
     replay_turn(turns[0], controller, warm_up, max_new_tokens, tokens=8, tell_context=tell_context)  # warm-up
     for turn in turns:
         controller = controller.for_next_sequence()
+        seconds_by = {}
         for policy in [controller] + fixed:
             label = "auto" if isinstance(policy, BudgetController) else policy
             clock = make_clock(hardware, noise, f"{seed} {turn.index} {label}")
-            tokens, seconds, _, why = replay_turn(turn, policy, clock, max_new_tokens,
+            tokens, seconds, budgets, why = replay_turn(turn, policy, clock, max_new_tokens,
                                                   agreement=(agreements or {}).get(turn.index),
                                                   agreement_positions=agreement_positions,
                                                   tell_context=tell_context,
@@ -266,7 +269,26 @@ def replay(turns: list[Turn], seed: int, fixed: list[int], noise: float, max_new
                 totals[key][label][0] += tokens
                 totals[key][label][1] += seconds
             reasons.update(why)
+            seconds_by[label] = seconds
+            if label == "auto":
+                auto_budgets, auto_reasons = budgets, why
+        if trace is not None:
+            trace.append((turn, auto_budgets, auto_reasons, seconds_by))
     return totals, reasons
+
+
+REASON_CODES = {"choice": "", "trial": "T", "lean": "L", "plain-measure": "m", "cost-refresh": "r", "catch-up-skip": "k",
+                "trial-short": "s"}  # other reasons print as "?"
+
+
+def print_trace(seed: int, trace: list) -> None:
+    """One line per turn of one seed: auto's and each fixed budget's seconds, then auto's budget at every step with a
+    letter for why (none: the choice; T trial, L lean, m plain-measure, r cost-refresh, k catch-up skip, s trial-short,
+    ? another trial reason)."""
+    for turn, budgets, reasons, seconds_by in trace:
+        times = " ".join(f"{label}:{seconds:.2f}" for label, seconds in seconds_by.items())
+        steps = " ".join(f"{b}{REASON_CODES.get(r, '?')}" for b, r in zip(budgets, reasons))
+        print(f"seed {seed} turn {turn.index} {turn.dataset} ({len(turn.answer)} tokens) {times} | {steps}")
 
 
 def hindsight(turns: list[Turn], fixed: list[int], max_new_tokens: int, hardware: Hardware) -> None:
@@ -353,6 +375,8 @@ def main(argv=None) -> int:
                         help="a ControllerSettings field for this replay (e.g. lean_margin=0.05); repeatable")
     parser.add_argument("--blind-context", action="store_true",
                         help="do not tell the controller each step's context (before design 33)")
+    parser.add_argument("--trace", type=int, default=0, metavar="SEEDS",
+                        help="print every turn's seconds and auto's budgets step by step for the first SEEDS seeds")
     parser.add_argument("--blind-prompt-context", action="store_true",
                         help="do not tell the controller the first step's context with the prompt agreement (before "
                              "design 34)")
@@ -385,9 +409,12 @@ def main(argv=None) -> int:
         agreements = {row["index"]: row[args.measure] for row in json.loads(args.agreement.read_text())}
     ratios, rates, reasons = defaultdict(list), defaultdict(lambda: defaultdict(list)), Counter()
     for seed in range(args.seeds):
+        trace = [] if seed < args.trace else None
         totals, why = replay(turns, seed, fixed, args.noise, args.max_new_tokens, settings, hardware, agreements,
                              10 ** 6 if args.measure == "agree" else AGREEMENT_POSITIONS, not args.blind_context,
-                             not args.blind_prompt_context)
+                             not args.blind_prompt_context, trace)
+        if trace is not None:
+            print_trace(seed, trace)
         reasons.update(why)
         for dataset, by_policy in totals.items():
             rate = {label: tokens / seconds for label, (tokens, seconds) in by_policy.items()}

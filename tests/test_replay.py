@@ -4,6 +4,7 @@ same tokens per step, same draft forwards), and an online controller replayed th
 
 from __future__ import annotations
 
+import json
 import pathlib
 import random
 import sys
@@ -15,8 +16,8 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "scripts"))
 
 from conftest import plain_greedy  # noqa: E402
-from record_positions import record_turn  # noqa: E402
-from replay_positions import HARDWARE, Clock, Turn, replay_step, replay_turn  # noqa: E402
+from record_positions import checkpoint_turns, record_turn  # noqa: E402
+from replay_positions import HARDWARE, Clock, Turn, print_trace, replay, replay_step, replay_turn  # noqa: E402
 
 from talon_sd import SpeculativeGenerator  # noqa: E402
 from talon_sd.config import TreeConfig  # noqa: E402
@@ -67,3 +68,30 @@ def test_a_replayed_controller_commits_the_whole_answer(recorded):
     tokens, seconds, budgets, reasons = replay_turn(turn, controller, zero_clock(), TOKENS, tokens=TOKENS)
     assert tokens == TOKENS and seconds > 0
     assert all(1 <= b <= 16 for b in budgets) and len(reasons) == len(budgets)
+
+
+def test_the_recorder_takes_another_variants_answers_and_names_a_missing_label(tmp_path):
+    # In bf16 a tree variant's greedy text can leave ar's (docs/BENCHMARKS.md section 5, design 34): --label records
+    # that text, while the prompts (ar's rows) stay those the bench sent.
+    path = tmp_path / "checkpoint.jsonl"
+    rows = [{"index": 0, "dataset": "alpaca", "question_id": "q", "turn": 1, "label": label, "prompt_tokens": 5,
+             "token_ids": ids} for label, ids in (("ar", [1, 2]), ("talon(N=16)", [3, 4, 5]))]
+    path.write_text("\n".join(json.dumps(line) for line in [{"fingerprint": {"dtype": "bfloat16"}}] + rows) + "\n")
+    fingerprint, ar_rows, answers = checkpoint_turns(path, "talon(N=16)")
+    assert fingerprint == {"dtype": "bfloat16"} and [row["token_ids"] for row in ar_rows] == [[1, 2]]
+    assert answers == {0: [3, 4, 5]} and checkpoint_turns(path)[2] == {0: [1, 2]}
+    with pytest.raises(SystemExit, match="--label: no rows labelled 'N=8'"):
+        checkpoint_turns(path, "N=8")
+
+
+def test_the_trace_holds_each_turns_budgets_and_every_policys_seconds(recorded, capsys):
+    _, _, turn = recorded
+    trace = []
+    settings = ControllerSettings(max_budget=16, initial_budget=8)
+    totals, _ = replay([turn], 0, [4, 8], 0.0, len(turn.answer), settings, HARDWARE["intel-bf16"], trace=trace)
+    [(traced, budgets, reasons, seconds_by)] = trace
+    assert traced is turn and len(budgets) == len(reasons) > 0 and set(seconds_by) == {"auto", 4, 8}
+    assert seconds_by[8] == pytest.approx(totals["tiny"][8][1])
+    print_trace(0, trace)
+    line = capsys.readouterr().out
+    assert line.startswith("seed 0 turn 0 tiny") and line.count("|") == 1 and len(line.split("|")[1].split()) == len(budgets)
