@@ -34,6 +34,7 @@ from talon_sd.control import (
     NEW_COMMAND_MARGIN,
     OWN_CONFIDENCES,
     PRIOR_SAMPLE_EVERY,
+    PRIOR_SAMPLE_MAX,
     REASONS,
     BudgetController,
     Predictability,
@@ -1691,6 +1692,63 @@ def test_the_prompt_heads_are_paid_only_where_an_agreement_could_change_the_star
     said, controller = dues(steep, [])
     assert controller.choice > 1 and controller._verify(controller.choice) >= FAR_VERIFY_RATIO * controller._verify(1)
     assert all(said), said
+
+
+def test_the_prompt_sample_backs_off_while_its_sequences_draft_clearly_faster_than_plain():
+    """Design 35: where no agreement could change a start (flat verification, no loss on record), a measured prompt
+    whose sequence then drafted at NEW_COMMAND_MARGIN x plain decoding or more doubles the interval to the next
+    sample, up to PRIOR_SAMPLE_MAX sequences (every 4th before: 0, 4, 8, 12, ...; now 0, 4, 12, 28, 60, 92); one that
+    drafted slower brings the interval back to PRIOR_SAMPLE_EVERY."""
+    def run(sequences: int, slow_at: int | None = None) -> tuple[list[int], list[float]]:
+        controller = BudgetController(ControllerSettings(initial_budget=8))
+        simulate(FLAT, 20, controller)
+        measured, speeds = [], []
+        for index in range(sequences):
+            controller = controller.for_next_sequence()
+            if controller.prompt_agreement_due(39, 128):
+                controller.observe_prompt(0.7)
+                measured.append(controller._sequences)
+            simulate(FLAT, 6, controller, seed=index)
+            if index == slow_at:  # this sequence's drafted steps ran at 0.9 of plain decoding's modelled rate
+                controller._own_drafted = [9 * controller._plain_rate(), 10.0]
+            speed = controller._drafted_speed()
+            if speed is not None:
+                speeds.append(speed)
+        return measured, speeds
+
+    measured, speeds = run(100)
+    assert min(speeds) >= NEW_COMMAND_MARGIN  # every sample drafted clearly faster than plain decoding
+    assert measured == [4, 12, 28, 60, 92], measured  # 8, 16, 32, 32 sequences apart
+    assert PRIOR_SAMPLE_MAX == 32 and PRIOR_SAMPLE_EVERY == 4
+    measured, _ = run(40, slow_at=11)  # the sample at sequence 12 lost: 4 apart again, then 8, 16
+    assert measured == [4, 12, 16, 24, 40], measured
+
+
+def test_where_the_anchors_tree_verifies_dear_the_rung_below_is_an_anchor_too():
+    """Design 36: with 16 nodes verifying at 1.35 plain verifies (bf16 on the AVX512-BF16 EPYC: 1.2-1.4) and 8-12 nodes
+    a little faster than 16 on this text, the rung below the anchor (12) needs no paired evidence to be chosen: the run
+    gets closer to the best fixed budget. On flat verification (1.05 at 16: the Xeon, the H200) nothing changes."""
+    def world(slope: float) -> World:
+        return World(verify=lambda t: 1.0 + slope * t, draft=lambda w: 0.3 + 0.002 * w, agree=0.9,
+                     confidence=(0.4, 0.9))
+
+    def rate(run: Run) -> float:
+        return sum(run.tokens) / sum(run.seconds)
+
+    for slope, dear in ((0.022, True), (0.003, False)):
+        best = max(rate(simulate(world(slope), 300, budget)) for budget in (8, 12, 16))
+        spanned = BudgetController(ControllerSettings(initial_budget=16))
+        single = BudgetController(ControllerSettings(initial_budget=16, anchor_span_ratio=0))
+        with_36, without = rate(simulate(world(slope), 300, spanned)), rate(simulate(world(slope), 300, single))
+        assert single._anchor_below() is None
+        if dear:
+            assert spanned._anchor_below() == 12
+            assert with_36 > without and with_36 >= 0.99 * best > without, (with_36, without, best)
+        else:
+            assert spanned._anchor_below() is None and with_36 == without
+    for bad in (1.0, -1, math.inf, "1.2"):
+        with pytest.raises(TalonError, match="^anchor_span_ratio:"):
+            ControllerSettings(anchor_span_ratio=bad)
 
 
 def test_asking_whether_the_prompt_prior_is_due_changes_nothing_and_a_prior_that_never_saw_a_loss_samples():

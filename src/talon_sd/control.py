@@ -567,6 +567,41 @@ Design ("Improvement" marks where this goes past the obvious recipe)
    condition on a 4-node tree's verify (it is interpolated where small trees never ran: the AVX2 humaneval then qa fell
    0.967 -> 0.939).
 
+35. The prompt sample backs off (:data:`PRIOR_SAMPLE_MAX`, 32). Design 32's every-4th sample is a cost where no agreement
+   can change a start: in sweep 25 (bf16 on the EPYC with AVX512-BF16, docs/BENCHMARKS.md section 5) a measured QA or
+   Alpaca prompt of 36-43 tokens took 0.38 s before its first step against 0.22-0.23 s for the fixed budgets (about
+   0.05 s of it the draft's prompt forward, which the first step would have run), 5-7% of a 17-20-token answer, on a
+   fifth of those requests; in a server it would be a quarter of all requests for as long as it runs. Samples are now
+   counted from the last measured prompt, and each one whose sequence then drafted at :data:`NEW_COMMAND_MARGIN` x
+   plain decoding or more doubles the interval to the next (4, 8, 16, then 32 sequences: 0, 4, 12, 28, 60, 92); one
+   that drafted slower sets it back to 4, and where an agreement could act (losing neighbours, a steep first tree)
+   every sequence is measured as before. Replays (16 seeds, median; ``scripts/replay_positions.py``): sweep 13 on the
+   EPYC's bf16 costs all 0.985 -> 0.986 of the best of N = 8, 12, 16 (qa 0.996 -> 1.004, humaneval 1.010 -> 1.013,
+   gsm8k 0.977 -> 0.979, the rest within 0.002), the Xeon's all 0.996 -> 0.997, the AVX2 EPYC's float32 unchanged (its
+   verify is steep: every sequence measures); the two 10-15-sequence worlds of sweep 24 unchanged (only their 8th
+   sequence is spared). Never sampling there read all 0.987: the back-off keeps most of that while pairs still gather.
+
+36. Where the anchor's tree verifies dear, the rung below is an anchor too (``anchor_span_ratio``, 1.15;
+   :meth:`BudgetController._anchor_below`). Design 19 lets a candidate other than ``initial_budget`` be chosen only on
+   paired evidence (or, below it, a 10% gap), and carried samples weigh at most 8 steps (design 7): a difference of a
+   few percent between the anchor and the rung below never shows within short answers. On the EPYC with AVX512-BF16
+   in bf16 that difference is real and goes both ways by text: N = 8 was qa's best column in every timed run there
+   (5-8% over 16), N = 12 the best by 4-5% on the tree variants' own mt_bench and Alpaca texts (docs/BENCHMARKS.md
+   section 5), N = 16 the best on gsm8k. There 16 nodes verify at 1.2-1.4 plain verifies, so the rung below saves
+   verify time as well as a draft forward; on flat verification (the Xeon 1.05, the H200 1.1) a larger tree costs
+   nearly nothing more to verify and accepts at least as much (the prefix property), and the single anchor stays.
+   Now, once verify(1) and verify(``initial_budget``) have ``min_steps`` measured samples each and the second is more
+   than 1.15 and less than :data:`FAR_VERIFY_RATIO` times the first (read at the current context), the candidate just
+   below ``initial_budget`` is admitted like the anchor; the tests of every other candidate (design 19's paired
+   z-test, design 20's gap) are still made against ``initial_budget``, so the climbs above it that made design 31 (the
+   anchor itself one rung lower) lose in a timed run do not open. Replays (16 seeds, median, ``--set
+   anchor_span_ratio=0`` for before): the sum-then-qa world qa 0.917 -> 0.968, all 0.976 -> 0.984; the tree-text world
+   mt_bench 0.964 -> 0.980, Alpaca 0.961 -> 0.973; sweep 13 on the EPYC's bf16 costs all 0.986 -> 0.989 (humaneval
+   1.013 -> 0.998 and qa 1.004 -> 0.992 lower, gsm8k 0.979 -> 0.985 and sum 0.982 -> 0.986 higher); the Xeon's, the
+   H200's and the AVX2 EPYC's float32 costs unchanged (16 nodes there verify at 1.05, 1.09 and 2.2 plain verifies).
+   Without the condition (the rung below an anchor everywhere) the H200's sum fell 0.992 -> 0.952 and the Xeon's qa
+   1.017 -> 0.984.
+
 Not modelled: keep_growing looks one layer ahead;
 a step stopped early by keep_growing is taken to be what every larger budget would have built (true
 up to keep_growing's own dependence on the budget).
@@ -611,6 +646,7 @@ PRIOR_NEIGHBOURS = 2  # a prompt prior needs this many earlier sequences near th
 PRIOR_MIN_TOKENS = 4  # a sequence teaches the prior only after this many tokens from its drafted steps (design 29)
 PRIOR_PAIRS = 64  # (agreement, drafted speed over plain) pairs kept, newest last (design 29)
 PRIOR_SAMPLE_EVERY = 4  # where no agreement could change a start, only every 4th sequence measures its prompt (design 32)
+PRIOR_SAMPLE_MAX = 32  # ... an interval that doubles after each sample that drafted clearly faster than plain (design 35)
 FAR_VERIFY_RATIO = 1.75  # design 30 acts where verifying the first step's tree costs this many plain verifies or more
 # (at the new prompt's context; 1.5 before design 34)
 NEW_COMMAND_MARGIN = 1.25  # a new command keeps the carried drafted choice only if it beat plain by this factor (design 27)
@@ -902,6 +938,9 @@ class ControllerSettings:
                             inform both (design 19; 0: any trusted candidate, as in design 18)
     anchor_gap_steps        ... or, below it, by more than ANCHOR_GAP, once initial_budget has this many samples
                             or is no faster than plain decoding (design 20; 0: as soon as it is trusted, design 19)
+    anchor_span_ratio       the drafted candidate just below initial_budget is an anchor too where verifying
+                            initial_budget's tree costs more than this many plain verifies (and less than
+                            FAR_VERIFY_RATIO) on the measured curve (design 36; 0: never)
     bet_window              a catch-up judged on the sequence's own text (designs 14, 25) reads the rate predicted
                             from up to this many of its target confidences, not the last confidence_window (design 28;
                             the trials of design 15 still read confidence_window; below it, the bet reads fewer)
@@ -951,6 +990,7 @@ class ControllerSettings:
     lean_reach: float = 2.0
     anchor_z: float = 1.0
     anchor_gap_steps: int = 8
+    anchor_span_ratio: float = 1.15
     cost_refresh_interval: int = 16
     explore_min_tokens: int = 32
     bet_window: int = 64
@@ -1000,6 +1040,8 @@ class ControllerSettings:
         _check_number("prompt_gap", self.prompt_gap, "a number in [0, 1] (0: no gap rule)", lambda x: 0 <= x <= 1)
         _check_number("lean_reach", self.lean_reach, "a number >= 1 (1: the next rung)", lambda x: x >= 1)
         _check_number("anchor_z", self.anchor_z, "a number >= 0 (0: no anchor)", lambda x: x >= 0)
+        _check_number("anchor_span_ratio", self.anchor_span_ratio, "0 (off) or a finite number > 1",
+                      lambda x: x == 0 or x > 1)
         _check_number("lean_margin", self.lean_margin, "a number in [0, 1) (0: never lean)", lambda x: 0 <= x < 1)
         _check_number("calibration_decay", self.calibration_decay, "a number in (0, 1]", lambda x: 0 < x <= 1)
         _check_number("calibration_prior_strength", self.calibration_prior_strength, "a number > 0",
@@ -1433,6 +1475,8 @@ class BudgetController:
         self._prior: dict | None = None  # what design 29 predicted for this sequence (summary)
         self._own_drafted = [0, 0.0]  # this sequence's drafted steps: committed tokens, seconds
         self._sequences = 0  # sequences before this one (for_next_sequence)
+        self._sample_every = PRIOR_SAMPLE_EVERY  # sequences between two prompt samples (designs 32, 35)
+        self._sample_base = 0  # the sequence number of the last prompt sample: one is due every _sample_every after
         self._reset_schedule()
         self._rates: dict[int, float] = {}
         self._histogram: Counter = Counter()
@@ -1462,6 +1506,11 @@ class BudgetController:
         speed = self._drafted_speed()
         if speed is not None:  # design 29: what a prompt agreeing this much drafted at, on this machine
             follower._prompt_pairs.append((self._agreement, speed))
+        if self._agreement is not None:  # design 35: samples are counted from this one, the interval doubled on a clear win
+            follower._sample_base = self._sequences
+            won = speed is not None and speed >= NEW_COMMAND_MARGIN
+            follower._sample_every = (min(2 * self._sample_every, PRIOR_SAMPLE_MAX) if won
+                                      else self._sample_every if speed is None else PRIOR_SAMPLE_EVERY)
         follower._agreement, follower._prior, follower._own_drafted = None, None, [0, 0.0]
         follower._sequences += 1
         follower._planned = None
@@ -1619,8 +1668,8 @@ class BudgetController:
             return False
         ahead = copy.deepcopy(self)
         ahead._read_verify_at(context_tokens)
-        if not ahead._prior_can_start_plain() and self._sequences % PRIOR_SAMPLE_EVERY:
-            return False  # no agreement could change this start (design 32): only a sample of the prompts pays
+        if not ahead._prior_can_start_plain() and (self._sequences - self._sample_base) % self._sample_every:
+            return False  # no agreement could change this start (design 32): only a sample of the prompts pays (35)
         return ahead.next_budget(catch_up_tokens, tokens_left, context_tokens) > 1
 
     def _prior_can_start_plain(self) -> bool:
@@ -2179,6 +2228,8 @@ class BudgetController:
         anchor, z = self.settings.initial_budget, self.settings.anchor_z
         if z <= 0 or budget in (1, anchor) or anchor == 1 or anchor not in self._rates:
             return True
+        if budget == self._anchor_below():
+            return True  # design 36: where verification is dear, the rung below the anchor is an anchor too
         rate, anchor_rate = self._rates.get(budget, 0.0), self._rates[anchor]
         if rate < anchor_rate:
             return True  # slower than the (always admitted) anchor, never chosen: no paired test needed
@@ -2187,6 +2238,19 @@ class BudgetController:
                 or anchor_rate <= self._rates.get(1, 0.0)):
             return True  # every step at the anchor measures it: a wrong anchor (float32: 16 nodes verify dear)
         return self._paired_z(budget, anchor) > z
+
+    def _anchor_below(self) -> int | None:
+        """Design 36: the drafted candidate just below ``initial_budget`` once verify(1) and verify(``initial_budget``)
+        each have ``min_steps`` measured samples and the curve (read at the current context) puts the second above
+        ``anchor_span_ratio`` times the first but below :data:`FAR_VERIFY_RATIO` times (further up designs 19-20 let
+        the evidence leave the anchor: float32 on CPUs); else None."""
+        initial, ratio, samples = self.settings.initial_budget, self.settings.anchor_span_ratio, self.settings.min_steps
+        below = [k for k in self.candidates if 1 < k < initial]
+        if (ratio <= 0 or not below or not self.verify_cost.has(1, samples=samples)
+                or not self.verify_cost.has(initial, samples=samples)):
+            return None
+        steepness = self._verify(initial) / max(self._verify(1), 1e-12)
+        return below[-1] if ratio < steepness < FAR_VERIFY_RATIO else None
 
     def _paired_z(self, budget: int, other: int) -> float:
         """How many standard errors ``budget``'s rate beats ``other``'s by, on the samples that inform both (those of
