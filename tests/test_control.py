@@ -1724,33 +1724,6 @@ def test_the_prompt_sample_backs_off_while_its_sequences_draft_clearly_faster_th
     assert measured == [4, 12, 16, 24, 40], measured
 
 
-def test_where_the_anchors_tree_verifies_dear_the_rung_below_is_an_anchor_too():
-    """Design 36: with 16 nodes verifying at 1.35 plain verifies (bf16 on the AVX512-BF16 EPYC: 1.2-1.4) and 8-12 nodes
-    a little faster than 16 on this text, the rung below the anchor (12) needs no paired evidence to be chosen: the run
-    gets closer to the best fixed budget. On flat verification (1.05 at 16: the Xeon, the H200) nothing changes."""
-    def world(slope: float) -> World:
-        return World(verify=lambda t: 1.0 + slope * t, draft=lambda w: 0.3 + 0.002 * w, agree=0.9,
-                     confidence=(0.4, 0.9))
-
-    def rate(run: Run) -> float:
-        return sum(run.tokens) / sum(run.seconds)
-
-    for slope, dear in ((0.022, True), (0.003, False)):
-        best = max(rate(simulate(world(slope), 300, budget)) for budget in (8, 12, 16))
-        spanned = BudgetController(ControllerSettings(initial_budget=16))
-        single = BudgetController(ControllerSettings(initial_budget=16, anchor_span_ratio=0))
-        with_36, without = rate(simulate(world(slope), 300, spanned)), rate(simulate(world(slope), 300, single))
-        assert single._anchor_below() is None
-        if dear:
-            assert spanned._anchor_below() == 12
-            assert with_36 > without and with_36 >= 0.99 * best > without, (with_36, without, best)
-        else:
-            assert spanned._anchor_below() is None and with_36 == without
-    for bad in (1.0, -1, math.inf, "1.2"):
-        with pytest.raises(TalonError, match="^anchor_span_ratio:"):
-            ControllerSettings(anchor_span_ratio=bad)
-
-
 def test_asking_whether_the_prompt_prior_is_due_changes_nothing_and_a_prior_that_never_saw_a_loss_samples():
     controller = BudgetController(ControllerSettings(initial_budget=16))
     simulate(SLOPED, 20, controller)

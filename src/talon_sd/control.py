@@ -581,26 +581,11 @@ Design ("Improvement" marks where this goes past the obvious recipe)
    verify is steep: every sequence measures); the two 10-15-sequence worlds of sweep 24 unchanged (only their 8th
    sequence is spared). Never sampling there read all 0.987: the back-off keeps most of that while pairs still gather.
 
-36. Where the anchor's tree verifies dear, the rung below is an anchor too (``anchor_span_ratio``, 1.15;
-   :meth:`BudgetController._anchor_below`). Design 19 lets a candidate other than ``initial_budget`` be chosen only on
-   paired evidence (or, below it, a 10% gap), and carried samples weigh at most 8 steps (design 7): a difference of a
-   few percent between the anchor and the rung below never shows within short answers. On the EPYC with AVX512-BF16
-   in bf16 that difference is real and goes both ways by text: N = 8 was qa's best column in every timed run there
-   (5-8% over 16), N = 12 the best by 4-5% on the tree variants' own mt_bench and Alpaca texts (docs/BENCHMARKS.md
-   section 5), N = 16 the best on gsm8k. There 16 nodes verify at 1.2-1.4 plain verifies, so the rung below saves
-   verify time as well as a draft forward; on flat verification (the Xeon 1.05, the H200 1.1) a larger tree costs
-   nearly nothing more to verify and accepts at least as much (the prefix property), and the single anchor stays.
-   Now, once verify(1) and verify(``initial_budget``) have ``min_steps`` measured samples each and the second is more
-   than 1.15 and less than :data:`FAR_VERIFY_RATIO` times the first (read at the current context), the candidate just
-   below ``initial_budget`` is admitted like the anchor; the tests of every other candidate (design 19's paired
-   z-test, design 20's gap) are still made against ``initial_budget``, so the climbs above it that made design 31 (the
-   anchor itself one rung lower) lose in a timed run do not open. Replays (16 seeds, median, ``--set
-   anchor_span_ratio=0`` for before): the sum-then-qa world qa 0.917 -> 0.968, all 0.976 -> 0.984; the tree-text world
-   mt_bench 0.964 -> 0.980, Alpaca 0.961 -> 0.973; sweep 13 on the EPYC's bf16 costs all 0.986 -> 0.989 (humaneval
-   1.013 -> 0.998 and qa 1.004 -> 0.992 lower, gsm8k 0.979 -> 0.985 and sum 0.982 -> 0.986 higher); the Xeon's, the
-   H200's and the AVX2 EPYC's float32 costs unchanged (16 nodes there verify at 1.05, 1.09 and 2.2 plain verifies).
-   Without the condition (the rung below an anchor everywhere) the H200's sum fell 0.992 -> 0.952 and the Xeon's qa
-   1.017 -> 0.984.
+(36, tried and reverted, docs/BENCHMARKS.md section 5: where 16 nodes verified at 1.15-1.75 plain verifies, the rung
+below the anchor admitted as an anchor too. The replays of this CPU's own texts gained (sum then qa, qa 0.917 ->
+0.968; the tree texts 0.962 -> 0.974), but a timed sweep read 0.965 of the best fixed N overall (sweeps 23-25: 0.981-
+0.988): its choices moved from 16 to 12 on code and chat, where N = 16 was that run's best column, as with design 31;
+a timed sum-then-qa run read qa 0.921 but sum 0.943, where design 34 read 0.877 and 0.991.)
 
 Not modelled: keep_growing looks one layer ahead;
 a step stopped early by keep_growing is taken to be what every larger budget would have built (true
@@ -938,9 +923,6 @@ class ControllerSettings:
                             inform both (design 19; 0: any trusted candidate, as in design 18)
     anchor_gap_steps        ... or, below it, by more than ANCHOR_GAP, once initial_budget has this many samples
                             or is no faster than plain decoding (design 20; 0: as soon as it is trusted, design 19)
-    anchor_span_ratio       the drafted candidate just below initial_budget is an anchor too where verifying
-                            initial_budget's tree costs more than this many plain verifies (and less than
-                            FAR_VERIFY_RATIO) on the measured curve (design 36; 0: never)
     bet_window              a catch-up judged on the sequence's own text (designs 14, 25) reads the rate predicted
                             from up to this many of its target confidences, not the last confidence_window (design 28;
                             the trials of design 15 still read confidence_window; below it, the bet reads fewer)
@@ -990,7 +972,6 @@ class ControllerSettings:
     lean_reach: float = 2.0
     anchor_z: float = 1.0
     anchor_gap_steps: int = 8
-    anchor_span_ratio: float = 1.15
     cost_refresh_interval: int = 16
     explore_min_tokens: int = 32
     bet_window: int = 64
@@ -1040,8 +1021,6 @@ class ControllerSettings:
         _check_number("prompt_gap", self.prompt_gap, "a number in [0, 1] (0: no gap rule)", lambda x: 0 <= x <= 1)
         _check_number("lean_reach", self.lean_reach, "a number >= 1 (1: the next rung)", lambda x: x >= 1)
         _check_number("anchor_z", self.anchor_z, "a number >= 0 (0: no anchor)", lambda x: x >= 0)
-        _check_number("anchor_span_ratio", self.anchor_span_ratio, "0 (off) or a finite number > 1",
-                      lambda x: x == 0 or x > 1)
         _check_number("lean_margin", self.lean_margin, "a number in [0, 1) (0: never lean)", lambda x: 0 <= x < 1)
         _check_number("calibration_decay", self.calibration_decay, "a number in (0, 1]", lambda x: 0 < x <= 1)
         _check_number("calibration_prior_strength", self.calibration_prior_strength, "a number > 0",
@@ -2228,8 +2207,6 @@ class BudgetController:
         anchor, z = self.settings.initial_budget, self.settings.anchor_z
         if z <= 0 or budget in (1, anchor) or anchor == 1 or anchor not in self._rates:
             return True
-        if budget == self._anchor_below():
-            return True  # design 36: where verification is dear, the rung below the anchor is an anchor too
         rate, anchor_rate = self._rates.get(budget, 0.0), self._rates[anchor]
         if rate < anchor_rate:
             return True  # slower than the (always admitted) anchor, never chosen: no paired test needed
@@ -2238,19 +2215,6 @@ class BudgetController:
                 or anchor_rate <= self._rates.get(1, 0.0)):
             return True  # every step at the anchor measures it: a wrong anchor (float32: 16 nodes verify dear)
         return self._paired_z(budget, anchor) > z
-
-    def _anchor_below(self) -> int | None:
-        """Design 36: the drafted candidate just below ``initial_budget`` once verify(1) and verify(``initial_budget``)
-        each have ``min_steps`` measured samples and the curve (read at the current context) puts the second above
-        ``anchor_span_ratio`` times the first but below :data:`FAR_VERIFY_RATIO` times (further up designs 19-20 let
-        the evidence leave the anchor: float32 on CPUs); else None."""
-        initial, ratio, samples = self.settings.initial_budget, self.settings.anchor_span_ratio, self.settings.min_steps
-        below = [k for k in self.candidates if 1 < k < initial]
-        if (ratio <= 0 or not below or not self.verify_cost.has(1, samples=samples)
-                or not self.verify_cost.has(initial, samples=samples)):
-            return None
-        steepness = self._verify(initial) / max(self._verify(1), 1e-12)
-        return below[-1] if ratio < steepness < FAR_VERIFY_RATIO else None
 
     def _paired_z(self, budget: int, other: int) -> float:
         """How many standard errors ``budget``'s rate beats ``other``'s by, on the samples that inform both (those of
