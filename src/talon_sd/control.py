@@ -585,7 +585,7 @@ Design ("Improvement" marks where this goes past the obvious recipe)
 below the anchor admitted as an anchor too. The replays of this CPU's own texts gained (sum then qa, qa 0.917 ->
 0.968; the tree texts 0.962 -> 0.974), but a timed sweep read 0.965 of the best fixed N overall (sweeps 23-25: 0.981-
 0.988): its choices moved from 16 to 12 on code and chat, where N = 16 was that run's best column, as with design 31;
-a timed sum-then-qa run read qa 0.921 but sum 0.943, where design 34 read 0.877 and 0.991.)
+a timed sum-then-qa run read qa 0.922 but sum 0.939, where design 34 read 0.877 and 0.991 pooled over two runs.)
 
 Not modelled: keep_growing looks one layer ahead;
 a step stopped early by keep_growing is taken to be what every larger budget would have built (true
