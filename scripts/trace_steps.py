@@ -24,18 +24,20 @@ from talon_sd.bench.runner import prompt_ids
 from talon_sd.control import BudgetController, StepRecord
 
 
-def watch(steps: list[dict]) -> None:
-    """Record every observed step of every BudgetController into ``steps`` (the class's observe, wrapped)."""
+def watch(steps: list[dict], predicted: set[int] = frozenset()) -> None:
+    """Record every observed step of every BudgetController into ``steps`` (the class's observe, wrapped), with the
+    rates the recent text predicts (design 12) for the budgets in ``predicted``."""
     observe = BudgetController.observe
 
     def observed(self: BudgetController, record: StepRecord) -> None:
         before, choice = self.rates(), self.choice  # what the step was planned on
+        forecast = {k: self._predicted_rate(k) for k in sorted(predicted) if k in self._index_of}
         observe(self, record)
         steps.append(dict(budget=record.budget, reason=self.reason, accepted=len(record.accepted),
                           forwards=len(record.forward_widths), draft=sum(record.draft_seconds),
                           catch_up=record.catch_up_seconds or 0.0, verify=record.verify_seconds,
                           other=record.other_seconds, plain_rate=before.get(1), choice=choice,
-                          choice_rate=before.get(choice), rates=before))
+                          choice_rate=before.get(choice), rates=before, predicted=forecast))
 
     BudgetController.observe = observed
 
@@ -47,13 +49,14 @@ def main() -> int:
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); else sampled, seeded")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rates", type=lambda text: {int(k) for k in text.split(",")}, default=set(),
-                        help="also print the controller's rates of these budgets before every step, e.g. 4,8,16")
+                        help="also print the controller's rates of these budgets before every step, and the rates the "
+                             "recent text predicts for them (design 12), e.g. 4,8,16")
     args = parser.parse_args()
     specs = [spec.split(":") for spec in args.requests]
     if any(len(spec) != 3 or not spec[2].isdigit() for spec in specs):
         parser.error("requests: each one METHOD:DATASET:INDEX, e.g. auto:sum:0")
     steps: list[dict] = []
-    watch(steps)
+    watch(steps, args.rates)
     generator = SpeculativeGenerator()
     print(f"kernels {generator.cpu_kernels}")
     for method, dataset, index in specs:
@@ -81,7 +84,8 @@ def main() -> int:
                   f"{step['verify']:.2f}  ({rates} tok/s)")
             if args.rates:
                 print("      rates " + " ".join(f"{k}:{v:.2f}" for k, v in sorted(step["rates"].items())
-                                            if k in args.rates))
+                                            if k in args.rates)
+                      + "   predicted " + " ".join(f"{k}:{v:.2f}" for k, v in step["predicted"].items() if v is not None))
         for name, chosen in (("drafted", [s for s in steps if s["forwards"]]),
                              ("plain", [s for s in steps if not s["forwards"]])):
             busy = sum(s["draft"] + s["verify"] + s["other"] for s in chosen)
