@@ -154,6 +154,36 @@ def test_bench_in_sampling_mode_from_python(generator):
     json.dumps(results)
 
 
+def test_the_warm_up_teaches_the_online_controllers_nothing(generator, monkeypatch):
+    from talon_sd.bench import runner
+
+    prompts = prompts_from_ids("ids", [[5, 17, 42, 8, 9], [33, 12, 7]])
+    variants = bench_variants(["talon"], {"talon": {"budget": "auto"}})
+    runs = []  # (label, max_new_tokens, controller memory at the start, at the end) of every run
+    ran = runner.run_variant
+
+    def watched(generator_, variant, ids, decoding, seed):
+        start = generator_.controller_memory()
+        outcome = ran(generator_, variant, ids, decoding, seed)
+        runs.append((variant.label, decoding.max_new_tokens, start, generator_.controller_memory()))
+        return outcome
+
+    monkeypatch.setattr(runner, "run_variant", watched)
+    kept = generator.controller_memory()
+    generator.restore_controller_memory({})  # the bench is given fresh controllers
+    try:
+        run_bench(generator, prompts, variants, Decoding(max_new_tokens=10), warmup_tokens=6, progress=False)
+    finally:
+        generator.restore_controller_memory(kept)
+    warm = [run for run in runs if run[1] == 6]
+    timed_talon = [run for run in runs if run[1] == 10 and run[0] == "talon"]
+    assert [run[0] for run in warm] == ["ar", "talon"] and len(timed_talon) == 2
+    key = ("talon", "model", False)
+    assert key in warm[1][3]  # the warm-up's auto-budget run learned a controller ...
+    assert timed_talon[0][2] == {}  # ... which the first timed run does not start from
+    assert key in timed_talon[1][2]  # the timed runs carry what they learn, as before
+
+
 def test_sweep_cli_plots_speedup_against_budget(use_generator, tmp_path):
     out = tmp_path / "sweep"
     status = main(["sweep", "--datasets", "gsm8k", "--limit", "1", "--max-new-tokens", "8", "--budgets", "4,8",

@@ -22,7 +22,12 @@ packaged Qwen pair, or tiny test models with ``tokenizer=None`` and :class:`Prom
   so no round learns from an earlier round of the same prompt; the kept run's controller goes on to
   the next sample.
 * **Warm-up.** Before any timing, each variant generates ``warmup_tokens`` tokens once for the
-  first prompt (first-call allocations, lazy initialisation), untimed.
+  first prompt (first-call allocations, lazy initialisation), untimed; what the online budget controllers
+  learned from it is then forgotten (:meth:`~talon_sd.generator.SpeculativeGenerator.restore_controller_memory`),
+  so the first timed run starts from the controllers the bench was given. The warm-up's times are cold (the
+  first draft forward ever), and kept they told the controller's prompt prior (:mod:`talon_sd.control` design
+  29) that the first prompt's text drafted slower than plain decoding: on the AVX2-only EPYC in float32 the
+  second HumanEval prompt then started plain (docs/BENCHMARKS.md section 5).
 * **Multi-turn prompts** (MT-Bench) are real conversations: turn k is sent after the user turns
   1..k-1 and the model's own answers to them. The answer used is the one of the *reference* variant
   (``ar``, the target's own decoding; the first variant if there is no ``ar``), so that every method
@@ -112,11 +117,13 @@ def run_bench(generator, prompts: Sequence[Prompt], variants: Sequence[Variant],
     if warmup_tokens > 0 and prompts and len(done) < count_samples(prompts):
         warm = replace(decoding, max_new_tokens=warmup_tokens)
         first_ids = prompt_ids(generator, prompts[0], [], 0)
+        before = generator.controller_memory()
         with _progress_bar(len(variants), f"{description} warm-up", progress) as bar:
             for variant in variants:
                 bar.set_postfix_str(variant.label)
                 run_variant(generator, variant, first_ids, warm, decoding.seed)
                 bar.update(1)
+        generator.restore_controller_memory(before)  # cold times teach the controllers nothing (module contract)
     per_sample = runs_per_sample(variants, repeats)
     bar = _progress_bar(count_samples(prompts) * per_sample, description, progress, initial=per_sample * len(done))
     records: list[SampleRecord] = []
