@@ -1557,6 +1557,56 @@ def test_the_gap_rule_needs_a_far_prompt_steep_verification_and_too_few_neighbou
     assert not flat_prior["far_below"] and not flat_prior["started_plain"]
 
 
+def test_a_measured_prompts_draft_forward_is_a_catch_up_sample():
+    # Design 38: measuring a prompt's agreement forwards it through the draft LM; that forward is a catch-up.
+    controller = BudgetController(ControllerSettings())
+    assert controller._catch_up_seconds(700) == 0.0  # never measured: free (design 6)
+    controller.observe_catch_up(150, 1.5)
+    assert controller._catch_up_seconds(150) == pytest.approx(1.5)
+    assert controller._catch_up_seconds(700) >= 0.99 * 1.5 * 700 / 150  # at least linear past the largest bucket
+    controller.observe_catch_up(0, 0.0)  # nothing forwarded: nothing learned
+    assert controller._catch_up_seconds(150) == pytest.approx(1.5)
+    for tokens, seconds, name in ((-1, 1.0, "tokens"), (1.5, 1.0, "tokens"), (10, -0.1, "seconds"),
+                                  (10, math.nan, "seconds"), (10, math.inf, "seconds")):
+        with pytest.raises(TalonError, match=name):
+            controller.observe_catch_up(tokens, seconds)
+
+
+def test_code_whose_every_prompt_was_measured_does_not_open_a_long_news_prompt_with_a_measurement():
+    # Design 38. On the AVX2 curves every prompt's agreement is measured (verification is steep: design 30 could act),
+    # so the draft's prompt forward ran in the measurement and the only catch-ups the steps saw were a few plain
+    # steps' tokens, which a CPU forwards at about the cost of one row (here: free). Read from those, a 700-token
+    # prompt's catch-up cost about nothing, the first step of the news request after the code would draft on code's
+    # carried choice, and so its prompt was measured too (about 5 s of draft forward, the temperature-1 reading of
+    # docs/BENCHMARKS.md section 5). Told what the measurements' forwards cost (0.01 s a prompt token), the
+    # controller starts the long prompt plain, and nothing is measured.
+    verify, draft = measured_curve(AVX2_FP32_MS["target"]), measured_curve(AVX2_FP32_MS["draft"])
+    code = World(verify=verify, draft=draft, other=0.005, agree=0.995, confidence=(0.95, 0.999), catch_up=0.0)
+    per_prompt_token = 0.01
+
+    def after_code(report: bool) -> BudgetController:
+        controller, measured = BudgetController(ControllerSettings()), 0
+        for seed in range(3):
+            pending = 150
+            if controller.prompt_agreement_due(149, 128, 149):
+                measured += 1
+                controller.observe_prompt(0.8, 149)
+                if report:
+                    controller.observe_catch_up(149, per_prompt_token * 149)
+                pending = 1  # the draft's cache holds the prompt
+            simulate(code, None, controller, seed=seed, prompt=pending, tokens=128)
+            controller = controller.for_next_sequence()
+        assert measured == 3
+        return controller
+
+    blind, told = after_code(False), after_code(True)
+    assert blind.choice > 1 and told.choice > 1  # code drafted: its choice is carried to the news prompt
+    assert blind._catch_up_seconds(699) < 0.1 < 0.9 * per_prompt_token * 699 < told._catch_up_seconds(699)
+    assert blind.prompt_agreement_due(699, 64, 699)
+    assert not told.prompt_agreement_due(699, 64, 699)
+    assert told.next_budget(699, 64, 699) == 1
+
+
 def test_the_gap_rule_reads_the_first_trees_verify_cost_at_the_new_prompts_context():
     # Design 34. Verification dearer by 8 us a node per context token (bf16 on the AVX512-BF16 EPYC: about 2): 16 nodes
     # cost 1.87 plain verifies over a 1,000-token context, 1.36 over a 400-token prompt. A sequence that ended at

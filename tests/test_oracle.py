@@ -8,6 +8,7 @@ import torch
 from conftest import DEVICE, VOCAB, plain_greedy
 from helpers import make_drafter, run
 from talon_sd.config import TreeConfig
+from talon_sd.control import _bucket
 
 PROMPTS = [[5, 17, 33, 8, 5, 17], [3, 9, 27, 81 % 96, 50, 60, 3, 9], [40]]
 
@@ -155,3 +156,6 @@ def test_the_loop_measures_the_prompts_agreement_where_the_controller_asks(llama
     assert prior["started_plain"] == bool(pairs) and controller.choice == (1 if pairs else 6)
     assert controller.asked[0] == (0, 40)  # the prompt is in the draft's cache before the first step
     assert not any(controller.caught_up_apart)
+    # design 38: that prompt forward is the controller's catch-up sample at the prompt's size (the plain steps here
+    # leave at most 3 tokens to catch up: buckets up to 4)
+    assert _bucket(len(prompt) - 1) == 8 and 8 in controller.catch_up_cost.samples

@@ -587,6 +587,19 @@ below the anchor admitted as an anchor too. The replays of this CPU's own texts 
 0.988): its choices moved from 16 to 12 on code and chat, where N = 16 was that run's best column, as with design 31;
 a timed sum-then-qa run read qa 0.922 but sum 0.939, where design 34 read 0.877 and 0.991 pooled over two runs.)
 
+38. A measured prompt's draft forward is a catch-up sample (:meth:`BudgetController.observe_catch_up`). Measuring a
+   prompt's agreement (design 29) forwards the prompt through the draft LM before the first step, which then has
+   nothing to catch up; where verification is steep every prompt is measured (design 30 could act), so a run of code
+   requests that drafted from their first step on taught the catch-up curve only the few tokens of plain steps,
+   which a CPU forwards at about the cost of one row. Read from those, a 700-token news prompt's catch-up cost about
+   nothing: at temperature 1 on the AVX2-only EPYC in float32 (docs/BENCHMARKS.md section 5, medians of three runs)
+   the first CNN/DM request after five HumanEval ones would draft on code's carried choice, so its prompt was
+   measured (the draft's forward over 709 tokens, about 5 s), it started plain all the same, and it read 0.86x of
+   ``ar``. The loop now reports that forward's seconds; the curve then charges a long prompt what the measured prompts
+   cost per token, and the first step waits for the new text's own confidences (design 25) with nothing measured.
+   tests/test_control.py: code with every prompt measured, then a 700-token prompt: measured before, plain and
+   unmeasured now.
+
 Not modelled: keep_growing looks one layer ahead;
 a step stopped early by keep_growing is taken to be what every larger budget would have built (true
 up to keep_growing's own dependence on the budget).
@@ -1707,6 +1720,23 @@ class BudgetController:
             self._next_trial = max(self._next_trial, self._step + self._interval)  # no scheduled probe at once
             self._planned = None
             self._version += 1
+
+    def observe_catch_up(self, tokens: int, seconds: float) -> None:
+        """The drafter forwarded ``tokens`` committed tokens outside any step, in ``seconds``: a sample of the catch-up
+        curve (design 6), as a step's first forward gives one. The loop reports the draft's prompt forward that
+        measuring a prompt's agreement runs (design 29), which leaves the first drafted step nothing to catch up;
+        without it a run whose every prompt is measured never learns what a catch-up costs, and a catch-up never
+        measured costs nothing (design 38)."""
+        if not _is_int(tokens) or tokens < 0:
+            raise bad_argument("tokens", tokens, "an integer >= 0")
+        if not _is_number(seconds) or not seconds >= 0 or math.isinf(seconds):
+            raise bad_argument("seconds", seconds, "a finite number >= 0")
+        if tokens == 0:
+            return
+        bucket = _bucket(tokens)
+        self.catch_up_cost.add(bucket, float(seconds) * bucket / tokens)
+        self.catch_up_cost.refit()
+        self._planned = None
 
     def _a_near_set_loses(self) -> bool:
         """Whether some agreement in [0, 1] has at least :data:`PRIOR_NEIGHBOURS` earlier prompts within
