@@ -1733,10 +1733,14 @@ class BudgetController:
             raise bad_argument("seconds", seconds, "a finite number >= 0")
         if tokens == 0:
             return
-        bucket = _bucket(tokens)
-        self.catch_up_cost.add(bucket, float(seconds) * bucket / tokens)
+        self._add_catch_up(tokens, float(seconds))
         self.catch_up_cost.refit()
         self._planned = None
+
+    def _add_catch_up(self, tokens: int, seconds: float) -> None:
+        """One catch-up sample: ``seconds`` for ``tokens`` > 0, scaled to their bucket (refit by the caller)."""
+        bucket = _bucket(tokens)
+        self.catch_up_cost.add(bucket, seconds * bucket / tokens)
 
     def _a_near_set_loses(self) -> bool:
         """Whether some agreement in [0, 1] has at least :data:`PRIOR_NEIGHBOURS` earlier prompts within
@@ -1819,8 +1823,7 @@ class BudgetController:
                 extra = max(record.draft_seconds[0] - self.draft_cost(record.forward_widths[0]), 0.0)
             else:
                 extra = apart
-            bucket = _bucket(self._catch_up_tokens)
-            self.catch_up_cost.add(bucket, extra * bucket / self._catch_up_tokens)
+            self._add_catch_up(self._catch_up_tokens, extra)
         for curve in (self.verify_cost, self.draft_cost, self.overhead_cost, self.catch_up_cost):
             curve.refit()
         self._table_top = max(self._table_top, record.size, forwards, max(record.forward_widths, default=0))
