@@ -1727,10 +1727,8 @@ class BudgetController:
         measuring a prompt's agreement runs (design 29), which leaves the first drafted step nothing to catch up;
         without it a run whose every prompt is measured never learns what a catch-up costs, and a catch-up never
         measured costs nothing (design 38)."""
-        if not _is_int(tokens) or tokens < 0:
-            raise bad_argument("tokens", tokens, "an integer >= 0")
-        if not _is_number(seconds) or not seconds >= 0 or math.isinf(seconds):
-            raise bad_argument("seconds", seconds, "a finite number >= 0")
+        _check_int("tokens", tokens, 0, "an integer >= 0")
+        _check_number("seconds", seconds, "a finite number >= 0", lambda x: x >= 0)
         if tokens == 0:
             return
         self._add_catch_up(tokens, float(seconds))
