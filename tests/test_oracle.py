@@ -159,3 +159,41 @@ def test_the_loop_measures_the_prompts_agreement_where_the_controller_asks(llama
     # design 38: that prompt forward is the controller's catch-up sample at the prompt's size (the plain steps here
     # leave at most 3 tokens to catch up: buckets up to 4)
     assert _bucket(len(prompt) - 1) == 8 and 8 in controller.catch_up_cost.samples
+
+
+def test_the_prompt_measurements_catch_up_sample_leaves_the_output_head_out(llama_pair, monkeypatch):
+    """Design 40: the catch-up sample that measuring a prompt's agreement gives the controller (design 38) times the
+    draft's decoder stack over the prompt, what a first drafted step's catch-up runs, not the output head over the
+    agreement rows. A fake clock advances 1 s in the decoder stack and 100 s in the output head."""
+    import talon_sd.decoding as decoding
+    from helpers import CyclingController
+    from talon_sd.lm import CausalLM
+
+    class Clock:
+        now = 0.0
+
+        @staticmethod
+        def perf_counter() -> float:
+            return Clock.now
+
+    def advancing(method, seconds):
+        def wrapped(self, *args, **kwargs):
+            Clock.now += seconds if self.role == "draft" else 0.0
+            return method(self, *args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(decoding, "time", Clock)
+    monkeypatch.setattr(CausalLM, "prefill_states", advancing(CausalLM.prefill_states, 1.0))
+    monkeypatch.setattr(CausalLM, "head_logits", advancing(CausalLM.head_logits, 100.0))
+    target, draft = llama_pair
+    prompt = PROMPTS[1]
+    controller = CyclingController(prompt_prior_width=0.05)
+    samples: list[tuple[int, float]] = []
+    observe_catch_up = controller.observe_catch_up
+    controller.observe_catch_up = lambda tokens, seconds: (samples.append((tokens, seconds)),
+                                                           observe_catch_up(tokens, seconds))
+    tokens, stats = run(target, make_drafter("model", draft, VOCAB), TreeConfig("talon", budget="auto", topk=4),
+                        prompt, 20, controller=controller)
+    assert tokens == plain_greedy(target, prompt, 20)
+    assert stats.prompt_agreement == pytest.approx(prompt_agreement(target, draft, prompt))  # the head did run
+    assert samples == [(len(prompt) - 1, 1.0)]

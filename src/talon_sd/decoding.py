@@ -146,8 +146,8 @@ def _prefill(pipeline: Pipeline, prompt_ids: torch.Tensor, capture: tuple[int, .
     """Fill the target's cache with the prompt but its last token and start the drafter. Where the controller asks
     for it (design 29 of :mod:`talon_sd.control`), also tell it the prompt's draft/target agreement: the share of
     :func:`agreement_positions` where the two models' argmax is the same token (the output heads run over those
-    positions only; the draft forwards its prompt now instead of at its first step, and that forward's seconds go to the
-    controller as a catch-up sample, design 38), recorded in ``stats``."""
+    positions only; the draft forwards its prompt now instead of at its first step, and that forward's seconds, the
+    output head apart, go to the controller as a catch-up sample, designs 38 and 40), recorded in ``stats``."""
     target, drafter, controller = pipeline.target, pipeline.drafter, pipeline.controller
     context = prompt_ids[:-1]  # [L - 1]
     if (controller is None or drafter is None or not drafter.reads_prompt or capture or not context.numel()
@@ -158,12 +158,15 @@ def _prefill(pipeline: Pipeline, prompt_ids: torch.Tensor, capture: tuple[int, .
         return
     at = agreement_positions(int(context.numel()))  # [K]
     logits_target = target.prefill_logits(context, at)  # [K, V]
-    started = time.perf_counter()
     drafter.start(prompt_ids, None)
-    logits_draft = drafter.prompt_logits(at)  # [K, V] or None
+    started = time.perf_counter()
+    caught_up = drafter.catch_up()  # the prompt, decoder stack only: what a first drafted step's catch-up runs
+    seconds = time.perf_counter() - started
+    if caught_up:  # a catch-up sample (design 38), without the output head over the K rows below (design 40)
+        controller.observe_catch_up(int(context.numel()), seconds)
+    logits_draft = drafter.prompt_logits(at)  # [K, V] or None: the output head over that forward's K rows
     if logits_draft is not None:
-        top_draft = logits_draft.to(logits_target.device).argmax(-1).cpu()  # [K] (waits for the forward)
-        controller.observe_catch_up(int(context.numel()), time.perf_counter() - started)  # a catch-up sample (design 38)
+        top_draft = logits_draft.to(logits_target.device).argmax(-1).cpu()  # [K]
         agree = logits_target.argmax(-1).cpu() == top_draft  # [K]
         stats.prompt_agreement = agree.float().mean().item()
         controller.observe_prompt(stats.prompt_agreement, int(context.numel()))  # read at the first step's context

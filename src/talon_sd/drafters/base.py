@@ -44,11 +44,11 @@ class Drafter(ABC):
         return False
 
     def prompt_logits(self, at: torch.Tensor) -> torch.Tensor | None:
-        """Right after :meth:`start`: forward the prompt now, as :meth:`catch_up` would (no catch-up is then left
-        for the first step), and return the draft's logits ``[K, V_target]`` at prompt positions ``at`` [K] (each
-        predicting the token after it), or None. What the decoding loop compares with the target's to measure
-        the prompt's draft/target agreement (design 29 of :mod:`talon_sd.control`); only drafters with
-        :attr:`reads_prompt` are asked. The default returns None."""
+        """Right after :meth:`start` and a :meth:`catch_up` that forwarded the prompt: the draft's logits
+        ``[K, V_target]`` at prompt positions ``at`` [K] (each predicting the token after it) from that forward's
+        output (only the output head runs now), or None. What the decoding loop compares with the target's to measure
+        the prompt's draft/target agreement (design 29 of :mod:`talon_sd.control`), timing the catch-up apart as a
+        step's (design 40); only drafters with :attr:`reads_prompt` are asked. The default returns None."""
         return None
 
     @abstractmethod

@@ -40,6 +40,7 @@ class ModelDrafter(Drafter):
         self.drafted = False  # whether this step ran an expand
         self.prefilled = False  # whether the prompt is in the cache (done lazily by the first expand)
         self.undrafted = 0  # committed tokens since the last drafted step (the prompt's, then plain steps')
+        self.prompt_states: torch.Tensor | None = None  # [L - 1, H] a start's catch-up output, for prompt_logits
 
     def start(self, prompt_ids, features=None):
         self.lm.reset()  # the prompt is forwarded at the first expand: a generation of plain steps never pays for it
@@ -47,6 +48,7 @@ class ModelDrafter(Drafter):
         self.prefilled = False
         self.slot_nodes, self.drafted = [], False
         self.undrafted = len(self.pending) - 1
+        self.prompt_states = None
 
     @property
     def catch_up_tokens(self) -> int:
@@ -61,22 +63,27 @@ class ModelDrafter(Drafter):
         if self.prefilled or self.drafted:
             return False
         prefix = self.pending[:-1]  # the prompt (and plain steps' tokens) before the root; empty for a 1-token prompt
-        self.lm.prefill(torch.tensor(prefix, dtype=torch.long))
-        self.pending, self.prefilled = self.pending[-1:], True
+        if prefix:  # decoder stack only; its output is kept for prompt_logits (the same forward: nothing more to pay)
+            self.prompt_states = self.lm.prefill_states(torch.tensor(prefix, dtype=torch.long))  # [L - 1, H] or None
+            if self.prompt_states is None:  # no separate output head: a plain prefill
+                self.lm.prefill(torch.tensor(prefix, dtype=torch.long))
+        else:
+            self.lm.prefill(torch.tensor(prefix, dtype=torch.long))
+        self.pending, self.prefilled, self.undrafted = self.pending[-1:], True, 0
         return bool(prefix)
 
     def prompt_logits(self, at):
-        if self.prefilled or self.drafted or len(self.pending) < 2:
+        states, self.prompt_states = self.prompt_states, None
+        if states is None or self.drafted:
             return None
-        logits = self.lm.prefill_logits(torch.tensor(self.pending[:-1], dtype=torch.long), at)  # [K, V_draft]
-        self.pending, self.prefilled, self.undrafted = self.pending[-1:], True, 0
-        return self._to_target_vocab(logits)
+        return self._to_target_vocab(self.lm.head_logits(states[at.to(states.device)]))  # [K, V_target]
 
     def expand(self, tree, nodes):
         if not self.drafted:  # first forward of the step: the committed tokens not in the cache yet, root last
             if nodes.tolist() != [0]:
                 raise RuntimeError("ModelDrafter: the first expand of a step must be the root")
             self.catch_up()  # the generation's first draft forward: the prompt, decoder stack only (if not done yet)
+            self.prompt_states = None  # (not asked for once a step drafts)
             logits = self.lm.forward(torch.tensor(self.pending, device=self.lm.device), last_only=True)  # [1, V_draft]
             self.pending, self.drafted = [], True
             self.prefix_length = self.lm.cache.length
