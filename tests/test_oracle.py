@@ -192,8 +192,9 @@ def test_the_prompt_measurements_catch_up_sample_leaves_the_output_head_out(llam
     observe_catch_up = controller.observe_catch_up
     controller.observe_catch_up = lambda tokens, seconds: (samples.append((tokens, seconds)),
                                                            observe_catch_up(tokens, seconds))
-    tokens, stats = run(target, make_drafter("model", draft, VOCAB), TreeConfig("talon", budget="auto", topk=4),
-                        prompt, 20, controller=controller)
+    drafter = make_drafter("model", draft, VOCAB)
+    tokens, stats = run(target, drafter, TreeConfig("talon", budget="auto", topk=4), prompt, 20, controller=controller)
     assert tokens == plain_greedy(target, prompt, 20)
     assert stats.prompt_agreement == pytest.approx(prompt_agreement(target, draft, prompt))  # the head did run
     assert samples == [(len(prompt) - 1, 1.0)]
+    assert drafter.prompt_states is None  # the prompt's hidden states are not kept past the measurement

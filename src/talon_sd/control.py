@@ -602,12 +602,13 @@ a timed sum-then-qa run read qa 0.922 but sum 0.939, where design 34 read 0.877 
 
 40. That sample is the decoder stack alone (:func:`talon_sd.decoding._prefill`; the loop, not this module). Design 38
    timed the draft's prompt forward together with its output head over the (up to 64) agreement rows, which a step's
-   catch-up never runs; on the AVX2-only EPYC in float32 the head over 50 rows of a 151,936-token vocabulary cost as
-   much again as the 50-token forward (0.51-0.67 s against 0.35 s), and the curve, linear past its largest bucket,
-   carried that into every longer catch-up: HumanEval's 166-token prompt after two chat requests was charged 2.2-3.3 s
-   (its forward: 0.96 s), above what a trial may spend, and every step of every code request ran plain
-   ("trial-catch-up"). The loop now runs the drafter's catch-up (:meth:`talon_sd.drafters.Drafter.catch_up`, timed
-   as a step's) and then asks for the logits at the agreement rows from that forward's kept output. A trace of the
+   catch-up never runs; on the AVX2-only EPYC in float32 the head over 50 rows of a 151,936-token vocabulary added
+   half to nine tenths of the 50-token forward's 0.35 s (0.51-0.67 s in all), and the curve, linear past its largest
+   bucket, carried that into every longer catch-up: HumanEval's 166-token prompt after two chat requests was charged
+   2.2 s at its first step (3.3 s without the bench's warm-up; its forward: 0.96 s), above what a trial may spend,
+   and every step of the code request ran plain ("trial-catch-up"). The loop now runs the drafter's catch-up (:meth:`talon_sd.drafters.Drafter.catch_up`, timed
+   as a step's) and then asks for the logits at the agreement rows from that forward's kept output (on CUDA the
+   decoder-stack prefill now waits for the device, so a step's catch-up is timed apart there too). A trace of the
    bench's order (8-token warm-up, mt_bench 0, alpaca 0, then HumanEval 1 and 2): the sample 0.38 s for 50 tokens
    (0.67 s before), HumanEval 1 drafted 114 forwards in 31.4 s where it had run plain in 41-48 s.
 

@@ -226,8 +226,9 @@ class CausalLM:
     def prefill_states(self, tokens: torch.Tensor) -> torch.Tensor | None:
         """:meth:`prefill` ``tokens`` [L >= 1] and return the decoder stack's last hidden states ``[L, H]`` (what the
         output head reads; :meth:`head_logits` turns rows of them into logits), or None for a model with no separate
-        decoder and output head (the cache is then left empty). The same forward as :meth:`prefill`: keeping its
-        output costs nothing more."""
+        decoder and output head (the cache is then left empty: such a model needs a whole :meth:`forward`, and a draft
+        LM's prompt agreement is then not measured). The same forward as :meth:`prefill`: keeping its output costs
+        nothing more."""
         self.reset()
         decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else None
         head = self.model.get_output_embeddings() if hasattr(self.model, "get_output_embeddings") else None

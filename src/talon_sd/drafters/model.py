@@ -38,9 +38,9 @@ class ModelDrafter(Drafter):
         self.slot_nodes: list[int] = []  # tree node held in each cache row after the prefix
         self.prefix_length = 0  # cache rows of committed tokens during this step
         self.drafted = False  # whether this step ran an expand
-        self.prefilled = False  # whether the prompt is in the cache (done lazily by the first expand)
+        self.prefilled = False  # whether the prompt is in the cache (done lazily by the first catch_up or expand)
         self.undrafted = 0  # committed tokens since the last drafted step (the prompt's, then plain steps')
-        self.prompt_states: torch.Tensor | None = None  # [L - 1, H] a start's catch-up output, for prompt_logits
+        self.prompt_states: torch.Tensor | None = None  # [len(prefix), H] the last catch-up's output, for prompt_logits
 
     def start(self, prompt_ids, features=None):
         self.lm.reset()  # the prompt is forwarded at the first expand: a generation of plain steps never pays for it
@@ -64,8 +64,8 @@ class ModelDrafter(Drafter):
             return False
         prefix = self.pending[:-1]  # the prompt (and plain steps' tokens) before the root; empty for a 1-token prompt
         if prefix:  # decoder stack only; its output is kept for prompt_logits (the same forward: nothing more to pay)
-            self.prompt_states = self.lm.prefill_states(torch.tensor(prefix, dtype=torch.long))  # [L - 1, H] or None
-            if self.prompt_states is None:  # no separate output head: a plain prefill
+            self.prompt_states = self.lm.prefill_states(torch.tensor(prefix, dtype=torch.long))  # [len(prefix), H]
+            if self.prompt_states is None:  # no separate decoder and output head: a plain prefill (and no agreement)
                 self.lm.prefill(torch.tensor(prefix, dtype=torch.long))
         else:
             self.lm.prefill(torch.tensor(prefix, dtype=torch.long))
