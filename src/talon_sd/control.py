@@ -610,7 +610,10 @@ a timed sum-then-qa run read qa 0.922 but sum 0.939, where design 34 read 0.877 
    as a step's) and then asks for the logits at the agreement rows from that forward's kept output (on CUDA the
    decoder-stack prefill now waits for the device, so a step's catch-up is timed apart there too). A trace of the
    bench's order (8-token warm-up, mt_bench 0, alpaca 0, then HumanEval 1 and 2): the sample 0.38 s for 50 tokens
-   (0.67 s before), HumanEval 1 drafted 114 forwards in 31.4 s where it had run plain in 41-48 s.
+   (0.67 s before), HumanEval 1 drafted 114 forwards in 31.4 s where it had run plain in 41-48 s. Timed
+   (docs/BENCHMARKS.md section 5, six datasets greedy in the bench's order): humaneval 0.98x -> 1.18x of ``ar``, but
+   gsm8k 1.04x -> 0.85x: trials reach it too, its drafting is about break-even on that host, and a plain rate measured
+   in a slow spell, re-measured only every 64 steps (design 13), kept its requests drafting; not yet addressed.
 
 Not modelled: keep_growing looks one layer ahead;
 a step stopped early by keep_growing is taken to be what every larger budget would have built (true
