@@ -63,18 +63,17 @@ class ModelDrafter(Drafter):
         if self.prefilled or self.drafted:
             return False
         prefix = self.pending[:-1]  # the prompt (and plain steps' tokens) before the root; empty for a 1-token prompt
-        if prefix:  # decoder stack only; its output is kept for prompt_logits (the same forward: nothing more to pay)
-            self.prompt_states = self.lm.prefill_states(torch.tensor(prefix, dtype=torch.long))  # [len(prefix), H]
-            if self.prompt_states is None:  # no separate decoder and output head: a plain prefill (and no agreement)
-                self.lm.prefill(torch.tensor(prefix, dtype=torch.long))
-        else:
-            self.lm.prefill(torch.tensor(prefix, dtype=torch.long))
+        tokens = torch.tensor(prefix, dtype=torch.long)
+        # decoder stack only; its output is kept for prompt_logits (the same forward: nothing more to pay)
+        self.prompt_states = self.lm.prefill_states(tokens) if prefix else None  # [len(prefix), H] or None
+        if self.prompt_states is None:  # an empty prefix, or no separate decoder and output head (then no agreement)
+            self.lm.prefill(tokens)
         self.pending, self.prefilled, self.undrafted = self.pending[-1:], True, 0
         return bool(prefix)
 
     def prompt_logits(self, at):
-        states, self.prompt_states = self.prompt_states, None
-        if states is None or self.drafted:
+        states, self.prompt_states = self.prompt_states, None  # (None once a step drafted: expand drops them)
+        if states is None:
             return None
         return self._to_target_vocab(self.lm.head_logits(states[at.to(states.device)]))  # [K, V_target]
 
