@@ -33,6 +33,8 @@ from talon_sd.control import (
     FAR_VERIFY_RATIO,
     NEW_COMMAND_MARGIN,
     OWN_CONFIDENCES,
+    PAIR_MIN,
+    PAIR_STEPS,
     PRIOR_SAMPLE_EVERY,
     PRIOR_SAMPLE_MAX,
     REASONS,
@@ -728,6 +730,31 @@ def test_a_slow_spells_samples_leave_the_fit_once_the_size_is_measured_again():
     for bad in (0, -1, 2.5, True):
         with pytest.raises(TalonError, match=r"^horizon: got .*, expected an integer >= 1 or None$"):
             CostCurve(keep=9, horizon=bad)
+
+
+def test_a_plain_sample_is_read_at_the_host_speed_of_the_drafted_samples_around_it():
+    """Design 42: a plain verify measured in a slow spell of the machine (everything 1.3x slower for a while), beside
+    drafted verifies of that spell, is read at the speed the drafted sizes' fit now stands for: 0.65 s x (1.0 / 1.3).
+    As measured (no pairing) it keeps 0.65 s, and every drafted budget reads 1.3x faster against plain decoding than it
+    is. A plain sample with fewer than PAIR_MIN drafted samples within PAIR_STEPS adds is fitted as measured."""
+    curves = {paired: CostCurve(keep=9, horizon=32, paired=1 if paired else None) for paired in (False, True)}
+    for curve in curves.values():
+        for size, seconds in [(8, 1.3)] * PAIR_STEPS + [(1, 0.65)] + [(8, 1.3)] * PAIR_STEPS + [(8, 1.0)] * 9:
+            curve.add(size, seconds)
+        curve.refit()
+        assert curve.points()[8] == pytest.approx(1.0)  # the spell's samples at 8 left its 9 kept ones
+    assert curves[False].points()[1] == pytest.approx(0.65)
+    assert curves[True].points()[1] == pytest.approx(0.5)
+    # the paired samples' median decides; a plain sample with one drafted neighbour is not one of them: here the first
+    # three plain samples have 4, 3 and 2 neighbours at 1.0 s (read as 0.65 s), the last eight one each, at 1.3 s
+    # (they would read 0.5 s)
+    lone = CostCurve(keep=9, paired=1)
+    for size, seconds in [(8, 1.0)] * 9 + [(1, 0.65)] * 8 + [(8, 1.3)] + [(1, 0.65)] * PAIR_STEPS:
+        lone.add(size, seconds)
+    lone.refit()
+    assert PAIR_MIN == 2 and lone.points()[1] == pytest.approx(0.65)
+    with pytest.raises(TalonError, match=r"^paired: got .*, expected an integer >= 0 or None$"):
+        CostCurve(keep=9, paired=-1)
 
 
 def test_cost_refreshes_re_measure_the_choice_or_the_candidate_below_it_at_most_once_per_interval():

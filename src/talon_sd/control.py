@@ -654,6 +654,9 @@ CONTEXT_MIN_PAIRS = 8  # ... and the context slope needs this many such pairs (e
 CONTEXT_AGREEING = 0.75  # ... of which this share must find the longer context dearer (a sign test; else 0)
 CONTEXT_MIN_EFFECT = 0.05  # ... and explain this share of a pair's seconds over the upper quartile's span (else 0)
 CONTEXT_STEP_TOKENS = 32  # the verify curve is re-read at a new context once it moved this much (design 33)
+PAIR_STEPS = 4  # a plain verify sample is read against the other sizes' samples within this many adds of it (design 42)
+PAIR_MIN = 2  # ... when at least this many are
+PAIRED_KEPT = 9  # the paired size is fitted to the median of its newest this many paired samples (design 42)
 LEAN_FLOOR = 8  # a drafted choice below this leans to the first candidate >= it (or initial_budget if less; design 17)
 PRIOR_NEIGHBOURS = 2  # a prompt prior needs this many earlier sequences near the prompt's agreement (design 29)
 PRIOR_MIN_TOKENS = 4  # a sequence teaches the prior only after this many tokens from its drafted steps (design 29)
@@ -966,6 +969,8 @@ class ControllerSettings:
                             taught the prior, too few are near and none of those drafted as fast as plain, and
                             verifying the first step's tree costs at least FAR_VERIFY_RATIO plain verifies (design 30;
                             0: never; prompt_prior_width 0 turns it off too)
+    paired_plain            a plain step's verify seconds are read against the drafted steps' around it, at the host
+                            speed of the drafted sizes' fit (design 42; False: as measured)
     """
 
     max_budget: int = 64
@@ -1007,9 +1012,10 @@ class ControllerSettings:
     leave_plain_margin: float = 0.05
     prompt_prior_width: float = 0.05
     prompt_gap: float = 0.15
+    paired_plain: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("allow_plain", "early_stop", "predict_trials"):
+        for name in ("allow_plain", "early_stop", "predict_trials", "paired_plain"):
             if not isinstance(getattr(self, name), bool):
                 raise bad_argument(name, getattr(self, name), "True or False")
         _check_int("max_budget", self.max_budget, 1 if self.allow_plain else 2,
@@ -1080,11 +1086,18 @@ class CostCurve:
     :meth:`add` before reading it.
     """
 
-    def __init__(self, keep: int, prior: Mapping[int, float] | None = None, horizon: int | None = None) -> None:
+    def __init__(self, keep: int, prior: Mapping[int, float] | None = None, horizon: int | None = None,
+                 paired: int | None = None) -> None:
         if horizon is not None and (not _is_int(horizon) or horizon < 1):
             raise bad_argument("horizon", horizon, "an integer >= 1 or None")
+        if paired is not None and (not _is_int(paired) or paired < 0):
+            raise bad_argument("paired", paired, "an integer >= 0 or None")
         self.keep = keep
         self.horizon = horizon  # only samples among the last this many adds are fitted (None: all; design 21)
+        self.paired = paired  # the size read against its neighbours' samples (None: none; design 42)
+        self._last_adds: deque[tuple[int, float, int | None]] = deque(maxlen=PAIR_STEPS)  # (size, seconds, context)
+        # the paired size's samples with their neighbours: the last `keep` paired ones and those still in reach of some
+        self._pairs: deque[_Pair] = deque(maxlen=keep + PAIR_STEPS + 1)
         self.samples: dict[int, deque[float]] = {}
         self._clocks: dict[int, deque[int]] = {}  # [like samples] the add count at each sample
         self._contexts: dict[int, deque[int | None]] = {}  # [like samples] the context each was measured at
@@ -1110,6 +1123,19 @@ class CostCurve:
         samples.append(float(seconds))
         self._clocks[size].append(self.clock)
         self._contexts[size].append(context)
+        if self.paired is not None:  # design 42: the paired size's samples collect the other sizes' around them
+            added = (size, float(seconds), context)
+            if size == self.paired:  # a sample that found too few neighbours in its reach leaves room for others
+                self._pairs = deque((pair for pair in self._pairs if len(pair.neighbours) >= PAIR_MIN
+                                     or self.clock - pair.clock <= PAIR_STEPS), maxlen=self._pairs.maxlen)
+                self._pairs.append(_Pair(self.clock, float(seconds), context,
+                                         [a for a in self._last_adds if a[0] != size]))
+            else:
+                for pair in reversed(self._pairs):
+                    if self.clock - pair.clock > PAIR_STEPS:
+                        break
+                    pair.neighbours.append(added)
+            self._last_adds.append(added)
         self.clock += 1
         self._stale = True
 
@@ -1153,6 +1179,12 @@ class CostCurve:
         clocks = self._clocks.get(size)
         return self.clock - 1 - clocks[-1] if clocks else math.inf
 
+    def _fresh(self, size: int) -> int | float:
+        """How many of ``size``'s kept samples lie among the last ``horizon`` adds (all of them: inf without one)."""
+        if self.horizon is None:
+            return math.inf
+        return sum(1 for c in self._clocks[size] if self.clock - c <= self.horizon)
+
     def _recent(self) -> dict[int, list[float]]:
         """Per size, the samples the fit uses (design 21): those among the last ``horizon`` adds (age < horizon),
         or the newest :data:`RECENT_SAMPLES` if fewer are (every kept sample when ``horizon`` is None); each moved to
@@ -1166,8 +1198,7 @@ class CostCurve:
                 values = [y if c is None else y + slope * size * (context - c)
                           for y, c in zip(values, self._contexts[size])]
             if self.horizon is not None:
-                recent = sum(1 for c in self._clocks[size] if self.clock - c <= self.horizon)
-                values = values[-max(recent, RECENT_SAMPLES):]
+                values = values[-max(self._fresh(size), RECENT_SAMPLES):]
             used[size] = values
         return used
 
@@ -1176,6 +1207,10 @@ class CostCurve:
             return
         self._stale = False
         measured = {size: (_median(values), float(len(values))) for size, values in self._recent().items()}
+        if self.paired in self.samples and self._fresh(self.paired) < RECENT_SAMPLES:
+            paired = self._paired_seconds(measured)  # design 42: the paired size's own samples are stale
+            if paired is not None:  # (weighed in the fit as the samples it replaces)
+                measured[self.paired] = (paired, measured[self.paired][1])
         prior_xs, prior_ys, prior_slope = self._prior
         points = {}
         if prior_xs:
@@ -1186,6 +1221,33 @@ class CostCurve:
         points.update(measured)
         xs = sorted(points)
         self.xs, self.ys, self.slope = _fit(xs, [points[x][0] for x in xs], [points[x][1] for x in xs])
+
+    def _paired_seconds(self, measured: dict[int, tuple[float, float]]) -> float | None:
+        """Design 42, where fewer than :data:`RECENT_SAMPLES` of the paired size's samples lie within the horizon (its
+        fit would read old samples beside the other sizes' recent ones): its seconds at the host speed the other
+        sizes' fit stands for:
+        each of its newest :data:`PAIRED_KEPT` samples that has :data:`PAIR_MIN` neighbours (other sizes' samples
+        within :data:`PAIR_STEPS` adds of it) times the median over them of (the fit without the paired size at the
+        neighbour's size) / (the neighbour's seconds), all moved to the read context (design 33); the median of those.
+        None without such a sample (the paired size is then fitted as any other)."""
+        pairs = [pair for pair in self._pairs if len(pair.neighbours) >= PAIR_MIN][-PAIRED_KEPT:]
+        others = {size: point for size, point in measured.items() if size != self.paired}
+        if not pairs or not others:
+            return None
+        xs = sorted(others)
+        fitted = _fit(xs, [others[x][0] for x in xs], [others[x][1] for x in xs])
+        slope, context = self.context_slope, self.context
+
+        def moved(size: int, seconds: float, at: int | None) -> float:
+            return seconds if slope <= 0 or at is None or context is None else seconds + slope * size * (context - at)
+
+        values = []
+        for pair in pairs:
+            ratios = [_interpolate(*fitted, size) / seconds for size, y, at in pair.neighbours
+                      if (seconds := moved(size, y, at)) > 0]
+            if ratios:
+                values.append(moved(self.paired, pair.seconds, pair.context) * _median(ratios))
+        return _median(values) if values else None
 
     def has(self, size: int, samples: int = 1) -> bool:
         """Whether ``size`` was measured (at least ``samples`` times among the kept ones) or given by the prior."""
@@ -1219,6 +1281,15 @@ class CostCurve:
     def medians(self) -> dict[int, float]:
         """Measured sizes only: the median of all their kept samples (the fit may use fewer: ``horizon``)."""
         return {size: _median(samples) for size, samples in sorted(self.samples.items())}
+
+
+class _Pair(NamedTuple):
+    """A sample of a :class:`CostCurve`'s paired size and the other sizes' samples added around it (design 42)."""
+
+    clock: int  # the curve's add count at the sample
+    seconds: float
+    context: int | None
+    neighbours: list[tuple[int, float, int | None]]  # (size, seconds, context) of other sizes within PAIR_STEPS adds
 
 
 def _fit(xs: list[int], ys: list[float], weights: list[float]) -> tuple[list[int], list[float], float]:
@@ -1439,7 +1510,8 @@ class BudgetController:
         prior = prior or CostPrior({}, {})
         refresh = settings.cost_refresh_interval  # design 21: verify samples older than 2 intervals leave the fit
         self.verify_cost = CostCurve(settings.cost_samples, prior.verify_seconds,  # by tree size
-                                     horizon=2 * refresh if refresh > 0 else None)
+                                     horizon=2 * refresh if refresh > 0 else None,
+                                     paired=1 if settings.paired_plain else None)  # design 42
         self.draft_cost = CostCurve(settings.cost_samples, prior.draft_seconds)  # by forward width
         self.overhead_cost = CostCurve(settings.cost_samples, prior.overhead_seconds)  # by draft forwards per step
         self.catch_up_cost = CostCurve(settings.cost_samples)  # by catch-up tokens (bucketed): extra first-forward seconds
