@@ -615,6 +615,29 @@ a timed sum-then-qa run read qa 0.922 but sum 0.939, where design 34 read 0.877 
    gsm8k 1.04x -> 0.85x: trials reach it too, its drafting is about break-even on that host, and a plain rate measured
    in a slow spell, re-measured only every 64 steps (design 13), kept its requests drafting; not yet addressed.
 
+42. Plain decoding's cost at the drafted steps' host speed (``paired_plain``; :class:`CostCurve`'s ``paired`` size). Every
+   drafted rate is judged against rate(1), and while a drafted budget is the choice verify(1) is measured once in 64
+   steps (design 13), so its fit reads its newest 3 samples (design 21), up to 192 steps old, beside drafted sizes
+   measured in the last 32. The machine runs in spells (on the AVX2-only EPYC a plain step took 0.23-0.39 s within
+   minutes): in the float32 bench of design 40 gsm8k's plain rate fell from 3.5-3.8 to 2.92 tok/s in a slow spell and
+   stayed there while drafted steps of a fast spell read 3.6-3.7, and gsm8k, about break-even there, drafted at 0.85x
+   of ``ar``. Each plain sample now keeps the drafted verify samples added within :data:`PAIR_STEPS` (4) steps before
+   and after it; while fewer than :data:`RECENT_SAMPLES` plain samples lie within the verify curve's horizon, verify(1)
+   is the median over its newest :data:`PAIRED_KEPT` (9) samples with :data:`PAIR_MIN` (2) such neighbours of (its
+   seconds) x (the median over its neighbours of the drafted sizes' fit at the neighbour's size / the neighbour's
+   seconds), moved to the read context (design 33), weighed in the fit as the samples it replaces: the same machine
+   speed on both sides of the comparison. Where plain steps are frequent (a plain choice) they are fitted as measured:
+   a first version that always paired read verify(1) from the few samples beside trials and was noisier there (three
+   seeded worlds of tests/test_control.py changed their paths; a 64-step run of exact plain samples was outvoted by
+   three paired ones). ``scripts/controller_scenarios.py`` (16 seeds): every scenario within 0.005 of before in median
+   but the Intel bf16 chat (0.959 -> 0.964) and its slow-spell code (0.974 -> 0.985). Real pair, float32 on the AVX2-only
+   EPYC, ``scripts/ab_controller_settings.py --dtype float32 --dataset gsm8k --limit 5 --set paired_plain=false``
+   (both variants side by side, order rotated): 0.999x / 0.951x of ``ar`` with pairing in two runs, 0.912x / 1.009x
+   without; on humaneval 1.257x / 1.255x (the always-paired version): at break-even which side a run lands on is
+   decided by the noise of its first requests, and pairing does not change that. Tried with it and left out: while the
+   choice beats plain decoding by less than 1.25x, a plain step every 16 or 8 steps instead of 64 (design 41 again):
+   within the seeds' noise in break-even float32 worlds with 32-step slow spells.
+
 Not modelled: keep_growing looks one layer ahead;
 a step stopped early by keep_growing is taken to be what every larger budget would have built (true
 up to keep_growing's own dependence on the budget).
