@@ -632,9 +632,10 @@ a timed sum-then-qa run read qa 0.922 but sum 0.939, where design 34 read 0.877 
    three paired ones). ``scripts/controller_scenarios.py`` (16 seeds): every scenario within 0.005 of before in median
    but the Intel bf16 chat (0.959 -> 0.964) and its slow-spell code (0.974 -> 0.985). Real pair, float32 on the AVX2-only
    EPYC, ``scripts/ab_controller_settings.py --dtype float32 --dataset gsm8k --limit 5 --set paired_plain=false``
-   (both variants side by side, order rotated): 0.999x / 0.951x of ``ar`` with pairing in two runs, 0.912x / 1.009x
-   without; on humaneval 1.257x / 1.255x (the always-paired version): at break-even which side a run lands on is
-   decided by the noise of its first requests, and pairing does not change that. Tried with it and left out: while the
+   (both variants side by side, order rotated): the always-paired version 0.999x of ``ar`` against 0.912x without
+   pairing in the same run (all plain against 16-20-node trees), this one 0.951x against 1.009x (now the paired side
+   drafted and the other went plain); on humaneval (always paired) 1.257x against 1.255x. At break-even which side a
+   run lands on is decided by the noise of its first requests, and pairing does not change that. Tried with it and left out: while the
    choice beats plain decoding by less than 1.25x, a plain step every 16 or 8 steps instead of 64 (design 41 again):
    within the seeds' noise in break-even float32 worlds with 32-step slow spells.
 
