@@ -736,7 +736,8 @@ def test_a_plain_sample_is_read_at_the_host_speed_of_the_drafted_samples_around_
     """Design 42: a plain verify measured in a slow spell of the machine (everything 1.3x slower for a while), beside
     drafted verifies of that spell, is read at the speed the drafted sizes' fit now stands for: 0.65 s x (1.0 / 1.3).
     As measured (no pairing) it keeps 0.65 s, and every drafted budget reads 1.3x faster against plain decoding than it
-    is. A plain sample with fewer than PAIR_MIN drafted samples within PAIR_STEPS adds is fitted as measured."""
+    is. A plain sample with fewer than PAIR_MIN drafted samples within PAIR_STEPS adds is left out of the paired median;
+    with none paired, or with PAIR_MIN or more plain samples within the horizon, the plain size is fitted as measured."""
     curves = {paired: CostCurve(keep=9, horizon=32, paired=1 if paired else None) for paired in (False, True)}
     for curve in curves.values():
         for size, seconds in [(8, 1.3)] * PAIR_STEPS + [(1, 0.65)] + [(8, 1.3)] * PAIR_STEPS + [(8, 1.0)] * 9:
@@ -745,14 +746,22 @@ def test_a_plain_sample_is_read_at_the_host_speed_of_the_drafted_samples_around_
         assert curve.points()[8] == pytest.approx(1.0)  # the spell's samples at 8 left its 9 kept ones
     assert curves[False].points()[1] == pytest.approx(0.65)
     assert curves[True].points()[1] == pytest.approx(0.5)
-    # the paired samples' median decides; a plain sample with one drafted neighbour is not one of them: here the first
-    # three plain samples have 4, 3 and 2 neighbours at 1.0 s (read as 0.65 s), the last eight one each, at 1.3 s
-    # (they would read 0.5 s)
-    lone = CostCurve(keep=9, paired=1)
-    for size, seconds in [(8, 1.0)] * 9 + [(1, 0.65)] * 8 + [(8, 1.3)] + [(1, 0.65)] * PAIR_STEPS:
+    # the paired samples' median decides; a plain sample with one drafted neighbour is not one of them. Plain samples
+    # at clocks 9-11 have 4, 3 and 2 neighbours at 1.0 s (read as 0.65 s), 12 one at 1.0 s, 13-16 one at 1.3 s (evicted:
+    # out of reach), 18-21 have 2-5 (the 1.3 s one and the 1.0 s ones after it: 0.575, 0.65, 0.65, 0.65) and 33 samples
+    # at 8 leave the plain ones out of the horizon. Median 0.65; counting one-neighbour samples it would be 0.575.
+    lone = CostCurve(keep=9, horizon=32, paired=1)
+    for size, seconds in [(8, 1.0)] * 9 + [(1, 0.65)] * 8 + [(8, 1.3)] + [(1, 0.65)] * PAIR_STEPS + [(8, 1.0)] * 33:
         lone.add(size, seconds)
     lone.refit()
     assert PAIR_MIN == 2 and lone.points()[1] == pytest.approx(0.65)
+    # three plain samples within the horizon: fitted as measured (0.65), though all three read 0.5 paired
+    fresh = CostCurve(keep=9, horizon=32, paired=1)
+    spell = [(8, 1.3)] * PAIR_STEPS
+    for size, seconds in spell + [(1, 0.65)] + spell + [(8, 1.0)] * 9 + spell + [(1, 0.65)] * 2:
+        fresh.add(size, seconds)
+    fresh.refit()
+    assert fresh.points()[1] == pytest.approx(0.65)
     with pytest.raises(TalonError, match=r"^paired: got .*, expected an integer >= 0 or None$"):
         CostCurve(keep=9, paired=-1)
 
@@ -928,7 +937,7 @@ def test_early_stop_can_be_switched_off():
     ("leave_plain_margin", -0.01), ("leave_plain_margin", math.nan), ("leave_plain_margin", math.inf),
     ("bet_window", 0), ("bet_window", 1.5), ("bet_margin", 0.9), ("bet_margin", math.inf),
     ("prompt_prior_width", -0.01), ("prompt_prior_width", 1.5), ("prompt_prior_width", math.nan),
-    ("prompt_gap", -0.1), ("prompt_gap", 2.0), ("prompt_gap", "0.1"),
+    ("prompt_gap", -0.1), ("prompt_gap", 2.0), ("prompt_gap", "0.1"), ("paired_plain", 1),
 ])
 def test_bad_settings_name_the_field(field_name, value):
     with pytest.raises(TalonError, match=f"^{field_name}:"):

@@ -635,9 +635,9 @@ a timed sum-then-qa run read qa 0.922 but sum 0.939, where design 34 read 0.877 
    (both variants side by side, order rotated): the always-paired version 0.999x of ``ar`` against 0.912x without
    pairing in the same run (all plain against 16-20-node trees), this one 0.951x against 1.009x (now the paired side
    drafted and the other went plain); on humaneval (always paired) 1.257x against 1.255x. At break-even which side a
-   run lands on is decided by the noise of its first requests, and pairing does not change that. Tried with it and left out: while the
-   choice beats plain decoding by less than 1.25x, a plain step every 16 or 8 steps instead of 64 (design 41 again):
-   within the seeds' noise in break-even float32 worlds with 32-step slow spells.
+   run lands on is decided by the noise of its first requests, and pairing does not change that. Tried with it and
+   left out: while the choice beats plain decoding by less than 1.25x, a plain step every 16 or 8 steps instead of 64
+   (design 41 again): within the seeds' noise in break-even float32 worlds with 32-step slow spells.
 
 Not modelled: keep_growing looks one layer ahead;
 a step stopped early by keep_growing is taken to be what every larger budget would have built (true
@@ -993,8 +993,10 @@ class ControllerSettings:
                             taught the prior, too few are near and none of those drafted as fast as plain, and
                             verifying the first step's tree costs at least FAR_VERIFY_RATIO plain verifies (design 30;
                             0: never; prompt_prior_width 0 turns it off too)
-    paired_plain            a plain step's verify seconds are read against the drafted steps' around it, at the host
-                            speed of the drafted sizes' fit (design 42; False: as measured)
+    paired_plain            while fewer than RECENT_SAMPLES plain steps lie within the verify curve's horizon (twice
+                            cost_refresh_interval; none without one), verify(1) is read from plain steps' seconds against
+                            the drafted steps' around them, at the host speed of the drafted sizes' fit (design 42;
+                            False: as measured)
     """
 
     max_budget: int = 64
@@ -1120,8 +1122,8 @@ class CostCurve:
         self.horizon = horizon  # only samples among the last this many adds are fitted (None: all; design 21)
         self.paired = paired  # the size read against its neighbours' samples (None: none; design 42)
         self._last_adds: deque[tuple[int, float, int | None]] = deque(maxlen=PAIR_STEPS)  # (size, seconds, context)
-        # the paired size's samples with their neighbours: the last `keep` paired ones and those still in reach of some
-        self._pairs: deque[_Pair] = deque(maxlen=keep + PAIR_STEPS + 1)
+        # the paired size's samples with their neighbours: the last PAIRED_KEPT paired ones and those still in reach
+        self._pairs: deque[_Pair] = deque(maxlen=PAIRED_KEPT + PAIR_STEPS + 1)
         self.samples: dict[int, deque[float]] = {}
         self._clocks: dict[int, deque[int]] = {}  # [like samples] the add count at each sample
         self._contexts: dict[int, deque[int | None]] = {}  # [like samples] the context each was measured at
@@ -1151,9 +1153,9 @@ class CostCurve:
             added = (size, float(seconds), context)
             if size == self.paired:  # a sample that found too few neighbours in its reach leaves room for others
                 self._pairs = deque((pair for pair in self._pairs if len(pair.neighbours) >= PAIR_MIN
-                                     or self.clock - pair.clock <= PAIR_STEPS), maxlen=self._pairs.maxlen)
-                self._pairs.append(_Pair(self.clock, float(seconds), context,
-                                         [a for a in self._last_adds if a[0] != size]))
+                                     or self.clock - pair.clock < PAIR_STEPS), maxlen=self._pairs.maxlen)
+                before = [(other, y, at) for other, y, at in self._last_adds if other != size]
+                self._pairs.append(_Pair(self.clock, float(seconds), context, before))
             else:
                 for pair in reversed(self._pairs):
                     if self.clock - pair.clock > PAIR_STEPS:
@@ -1250,10 +1252,11 @@ class CostCurve:
         """Design 42, where fewer than :data:`RECENT_SAMPLES` of the paired size's samples lie within the horizon (its
         fit would read old samples beside the other sizes' recent ones): its seconds at the host speed the other
         sizes' fit stands for:
-        each of its newest :data:`PAIRED_KEPT` samples that has :data:`PAIR_MIN` neighbours (other sizes' samples
-        within :data:`PAIR_STEPS` adds of it) times the median over them of (the fit without the paired size at the
-        neighbour's size) / (the neighbour's seconds), all moved to the read context (design 33); the median of those.
-        None without such a sample (the paired size is then fitted as any other)."""
+        its newest :data:`PAIRED_KEPT` samples among those with at least :data:`PAIR_MIN` neighbours (other sizes'
+        samples within :data:`PAIR_STEPS` adds of it), each times the median over its neighbours of (the fit without the
+        paired size at the neighbour's size) / (the neighbour's seconds), all moved to the read context (design 33); the
+        median of those. None without such a sample or without another size measured (the paired size is then fitted
+        as any other)."""
         pairs = [pair for pair in self._pairs if len(pair.neighbours) >= PAIR_MIN][-PAIRED_KEPT:]
         others = {size: point for size, point in measured.items() if size != self.paired}
         if not pairs or not others:
@@ -1307,8 +1310,10 @@ class CostCurve:
         return {size: _median(samples) for size, samples in sorted(self.samples.items())}
 
 
-class _Pair(NamedTuple):
-    """A sample of a :class:`CostCurve`'s paired size and the other sizes' samples added around it (design 42)."""
+@dataclass
+class _Pair:
+    """A sample of a :class:`CostCurve`'s paired size and the other sizes' samples added around it (design 42); the
+    curve appends to ``neighbours`` while later adds are within :data:`PAIR_STEPS` of it."""
 
     clock: int  # the curve's add count at the sample
     seconds: float
