@@ -1205,6 +1205,13 @@ class CostCurve:
         clocks = self._clocks.get(size)
         return self.clock - 1 - clocks[-1] if clocks else math.inf
 
+    def _at_read_context(self, size: int, seconds: float, measured_at: int | None) -> float:
+        """``seconds`` of a sample of ``size`` measured at context ``measured_at``, moved to the context the curve is read
+        at by ``context_slope`` (design 33; as measured where either context is unknown)."""
+        if self.context_slope <= 0 or measured_at is None or self.context is None:
+            return seconds
+        return seconds + self.context_slope * size * (self.context - measured_at)
+
     def _fresh(self, size: int) -> int | float:
         """How many of ``size``'s kept samples lie among the last ``horizon`` adds (all of them: inf without one)."""
         if self.horizon is None:
@@ -1215,14 +1222,12 @@ class CostCurve:
         """Per size, the samples the fit uses (design 21): those among the last ``horizon`` adds (age < horizon),
         or the newest :data:`RECENT_SAMPLES` if fewer are (every kept sample when ``horizon`` is None); each moved to
         the context the curve is read at (design 33)."""
-        slope, context = (self._context_slope(), self.context) if self.context is not None else (0.0, None)
-        self.context_slope = slope
+        self.context_slope = self._context_slope() if self.context is not None else 0.0
         used = {}
         for size, samples in self.samples.items():
             values = list(samples)
-            if slope > 0:
-                values = [y if c is None else y + slope * size * (context - c)
-                          for y, c in zip(values, self._contexts[size])]
+            if self.context_slope > 0:
+                values = [self._at_read_context(size, y, c) for y, c in zip(values, self._contexts[size])]
             if self.horizon is not None:
                 values = values[-max(self._fresh(size), RECENT_SAMPLES):]
             used[size] = values
@@ -1263,17 +1268,12 @@ class CostCurve:
             return None
         xs = sorted(others)
         fitted = _fit(xs, [others[x][0] for x in xs], [others[x][1] for x in xs])
-        slope, context = self.context_slope, self.context
-
-        def moved(size: int, seconds: float, at: int | None) -> float:
-            return seconds if slope <= 0 or at is None or context is None else seconds + slope * size * (context - at)
-
         values = []
         for pair in pairs:
             ratios = [_interpolate(*fitted, size) / seconds for size, y, at in pair.neighbours
-                      if (seconds := moved(size, y, at)) > 0]
+                      if (seconds := self._at_read_context(size, y, at)) > 0]
             if ratios:
-                values.append(moved(self.paired, pair.seconds, pair.context) * _median(ratios))
+                values.append(self._at_read_context(self.paired, pair.seconds, pair.context) * _median(ratios))
         return _median(values) if values else None
 
     def has(self, size: int, samples: int = 1) -> bool:
