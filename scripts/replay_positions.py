@@ -90,6 +90,12 @@ HARDWARE = {
     # other work a drafted step)
     "avx2-fp32": Hardware(AVX2_FP32_MS["target"], AVX2_FP32_MS["draft"], 0.015, 0.008, 0.3, 0.027,
                           0.009),  # (the heads: 0.35 s over a 39-token prompt's 38 rows, target 0.26 + draft 0.09)
+    # the same CPU kind on a faster host (2026-11-30): one token cheaper, trees as dear, so a 16-node verify costs 3x one
+    # token (the loop's fitted curves on a T = 1 gsm8k -> humaneval run; 32 and 64 nodes and the draft's widths scaled from
+    # scripts/forward_costs.py there): drafting loses on gsm8k here and wins on humaneval, as timed runs read
+    "avx2-fp32-steep": Hardware({1: 290, 2: 540, 4: 668, 8: 760, 16: 880, 32: 1200, 64: 2150},
+                                {1: 160, 2: 204, 4: 239, 8: 288, 16: 320, 32: 440, 64: 720}, 0.015, 0.008, 0.3, 0.027,
+                                0.009),
     # the 2-core AMD EPYC with AVX512-BF16, bf16 (docs/BENCHMARKS.md section 5, sweep 21: scripts/forward_costs.py
     # --variants bfloat16:auto; 4 ms of tree building a drafted step; the target's prefill 0.02 s + 4.1 ms a prompt
     # token, fitted to the sweep's ar requests; the draft's catch-up a third of that; the heads 2 ms a prompt row, target

@@ -5,7 +5,8 @@ what the ones before it learned, as in ``talon bench``), each given as ``METHOD:
 (talon, budget auto), ``ar`` or a fixed talon budget (``16``); DATASET:INDEX a packaged prompt (first turn). For
 every request prints its seconds, tokens and prefill; for auto ones each step's budget, reason, accepted tokens, draft
 forwards, seconds (draft, catch-up apart, verify) and the controller's plain and choice rates before it, then the
-rate of its drafted and of its plain steps (committed tokens per second of the steps' own time).
+rate of its drafted and of its plain steps (committed tokens per second of the steps' own time), with the seconds the
+cost model gave those very steps and the tokens their budget's samples expected (where an optimistic rate comes from).
 
     python scripts/trace_steps.py auto:humaneval:0 auto:sum:0 ar:sum:0 [--temperature 1]
 
@@ -21,7 +22,7 @@ import time
 from talon_sd import SpeculativeGenerator
 from talon_sd.bench.datasets import load_prompts
 from talon_sd.bench.runner import prompt_ids
-from talon_sd.control import BudgetController, StepRecord
+from talon_sd.control import BudgetController, StepRecord, prefix_outcome
 
 
 def watch(steps: list[dict], predicted: set[int] = frozenset()) -> None:
@@ -32,12 +33,25 @@ def watch(steps: list[dict], predicted: set[int] = frozenset()) -> None:
     def observed(self: BudgetController, record: StepRecord) -> None:
         before, choice = self.rates(), self.choice  # what the step was planned on
         forecast = {k: self._predicted_rate(k) for k in sorted(predicted) if k in self._index_of}
+        # the cost model's seconds for this very step (its own tree, before it is learned from), and the committed
+        # tokens the samples that inform its budget said it would get (their weighted mean; None for a plain step)
+        modelled = self.estimated_seconds(prefix_outcome(record, record.budget)) if self.verify_cost.samples else None
+        expected = None
+        index = self._index_of.get(record.budget)
+        if record.forward_widths and index is not None:
+            weight = tokens = 0.0
+            for sample in self._samples[index]:
+                if sample.stamp != self._version:
+                    self._prepare(sample)
+                weight, tokens = weight + sample.weight, tokens + sample.weight * sample.outcomes[index][0]
+            expected = tokens / weight if weight > 0 else None
         observe(self, record)
         steps.append(dict(budget=record.budget, reason=self.reason, accepted=len(record.accepted),
                           forwards=len(record.forward_widths), draft=sum(record.draft_seconds),
                           catch_up=record.catch_up_seconds or 0.0, verify=record.verify_seconds,
                           other=record.other_seconds, plain_rate=before.get(1), choice=choice,
-                          choice_rate=before.get(choice), rates=before, predicted=forecast))
+                          choice_rate=before.get(choice), rates=before, predicted=forecast, modelled=modelled,
+                          expected=expected))
 
     BudgetController.observe = observed
 
@@ -92,6 +106,14 @@ def main() -> int:
             if chosen and busy > 0:
                 print(f"  {name} steps: {len(chosen)}, {sum(s['accepted'] + 1 for s in chosen) / busy:.3f} tok/s "
                       f"(catch-ups apart: {sum(s['catch_up'] for s in chosen):.2f} s)")
+                modelled = [s for s in chosen if s["modelled"]]
+                if modelled:  # how the controller's model of these steps compared with what they did
+                    print(f"    seconds: {sum(s['draft'] + s['verify'] + s['other'] for s in modelled):.2f} measured, "
+                          f"{sum(s['modelled'] for s in modelled):.2f} modelled (cost curves at the step)")
+                expected = [s for s in chosen if s["expected"] is not None]
+                if expected:
+                    print(f"    tokens: {sum(s['accepted'] + 1 for s in expected)} committed, "
+                          f"{sum(s['expected'] for s in expected):.1f} expected (the informing samples' mean)")
     return 0
 
 
