@@ -11,9 +11,9 @@ Spearman rank correlation of each prompt measure with ``c16`` and ``r16``, and t
     python scripts/prompt_agreement.py docs/bench/online-sweep13/positions.jsonl.gz [--hardware avx2-fp32]
 
 Acceptance is greedy agreement of the two models on the answer's context; ``agree`` is the same agreement on the
-prompt's. The controller (talon_sd/control.py) sees neither today: a new request starts from what the last requests'
-text said (designs 7, 8, 25), which is where a short answer after long, well-drafting ones loses (docs/BENCHMARKS.md
-section 5, "after design 28").
+prompt's. The loop measures ``spread`` for the controller since design 29 and ``soft`` over the same rows since design 44
+(talon_sd/control.py); before design 29 a new request started from what the last requests' text said (designs 7, 8,
+25), which is where a short answer after long, well-drafting ones lost (docs/BENCHMARKS.md section 5, "after design 28").
 """
 
 from __future__ import annotations

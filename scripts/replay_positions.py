@@ -371,8 +371,9 @@ def main(argv=None) -> int:
     parser.add_argument("--agreement", type=pathlib.Path, default=None, metavar="JSON",
                         help="prompt agreements by turn (scripts/prompt_agreement.py --json) for design 29's prior "
                              "(default: none, the prior never acts)")
-    parser.add_argument("--measure", default="spread",
-                        help="which measure of --agreement is the agreement (agree: over every prompt position, "
+    parser.add_argument("--measure", default="soft",
+                        help="which measure of --agreement is the agreement (soft, the default: what the loop measures "
+                             "since design 44; spread: before it; agree: over every prompt position, "
                              "its heads' cost charged so; the others over 64, the loop's AGREEMENT_POSITIONS)")
     parser.add_argument("--order", default=None, metavar="DATASETS",
                         help="replay only these datasets, in this order (comma-separated, e.g. humaneval,qa: a chat "

@@ -127,11 +127,13 @@ def test_the_loop_tells_the_controller_the_drafters_catch_up_and_the_tokens_left
 
 
 def prompt_agreement(target, draft, prompt) -> float:
-    """The share of the prompt's positions (all but its last token) where both models' argmax is the same."""
+    """The draft's mean probability of the target's argmax over the prompt's positions (all but its last token;
+    design 44), computed here from whole forwards without a cache."""
     context = torch.tensor(prompt[:-1], device=DEVICE)[None]
     with torch.no_grad():
-        top_target, top_draft = target(input_ids=context).logits[0].argmax(-1), draft(input_ids=context).logits[0].argmax(-1)
-    return (top_target == top_draft).float().mean().item()
+        top_target = target(input_ids=context).logits[0].argmax(-1)  # [L - 1]
+        p_draft = torch.softmax(draft(input_ids=context).logits[0, :, :VOCAB].float(), dim=-1)  # [L - 1, V]
+    return p_draft.gather(1, top_target[:, None]).mean().item()
 
 
 @pytest.mark.parametrize("pairs", [(), ((None, 0.6), (None, 0.7))])

@@ -639,6 +639,17 @@ a timed sum-then-qa run read qa 0.922 but sum 0.939, where design 34 read 0.877 
    left out: while the choice beats plain decoding by less than 1.25x, a plain step every 16 or 8 steps instead of 64
    (design 41 again): within the seeds' noise in break-even float32 worlds with 32-step slow spells.
 
+44. The prompt measure is the draft's mean probability of the target's argmax (:func:`talon_sd.decoding._prefill`; the
+   loop, not this module, which takes any agreement in [0, 1]). Design 29's share of equal argmaxes overlapped between
+   sweep 13's gsm8k prompts (0.61-0.75) and its HumanEval prompts (0.75-0.80), where drafting lost and won on the
+   AVX2-only EPYC in float32, so a code prompt could start plain on math's evidence; the mean probability, read from the
+   same 64 rows of the same logits, separates them (0.44-0.51 against 0.61-0.73). Replayed on that host's costs
+   (``scripts/replay_positions.py --hardware avx2-fp32-steep --measure soft``, 4 seeds, the bench's order): humaneval
+   1.088 -> 1.113 of plain decoding, qa 0.966 -> 0.980, the rest unchanged (all 1.002 -> 1.004); on the older
+   ``avx2-fp32`` profile all 0.994 either way (qa 1.062 -> 1.073, gsm8k 0.975 -> 0.971); on bf16 EPYC costs, where
+   design 29 never acts, identical. ``prompt_gap`` (design 30) kept at 0.15. Controller memories written with the
+   old measure are not read (:data:`talon_sd.controller_memory.MEMORY_FORMAT` 2). Not yet timed on the real pair.
+
 Not modelled: keep_growing looks one layer ahead;
 a step stopped early by keep_growing is taken to be what every larger budget would have built (true
 up to keep_growing's own dependence on the budget).
@@ -1793,7 +1804,8 @@ class BudgetController:
         return self._verify(tree_size) >= FAR_VERIFY_RATIO * self._verify(1)
 
     def observe_prompt(self, agreement: float, context_tokens: int | None = None) -> None:
-        """The share of prompt positions where the draft's argmax equals the target's (designs 29, 30). When the
+        """The prompt's draft/target agreement in [0, 1] (designs 29, 30; the loop's measure since design 44: the
+        draft's mean probability of the target's argmax over the prompt positions it compares). When the
         earlier sequences whose agreement lies within ``prompt_prior_width`` of it (at least
         :data:`PRIOR_NEIGHBOURS`) drafted, on average, slower than plain decoding on this machine, the carried
         acceptance samples are dropped and the choice is plain decoding: the sequence then drafts only once its own

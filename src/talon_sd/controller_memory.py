@@ -41,7 +41,7 @@ import warnings
 from . import control
 from .errors import TalonWarning
 
-MEMORY_FORMAT = 1  # bump when what a memory file holds changes meaning
+MEMORY_FORMAT = 2  # bump when what a memory file holds changes meaning (2: design 44's prompt measure in the pairs)
 _BUILTINS = {"set", "frozenset", "dict", "list", "tuple", "float", "int", "bool", "str", "complex"}
 _COLLECTIONS = {"deque", "Counter", "OrderedDict"}
 

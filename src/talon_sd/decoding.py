@@ -144,8 +144,8 @@ def agreement_positions(length: int) -> torch.Tensor:
 def _prefill(pipeline: Pipeline, prompt_ids: torch.Tensor, capture: tuple[int, ...], stop: StopCondition,
              stats: DecodeStats) -> None:
     """Fill the target's cache with the prompt but its last token and start the drafter. Where the controller asks
-    for it (design 29 of :mod:`talon_sd.control`), also tell it the prompt's draft/target agreement: the share of
-    :func:`agreement_positions` where the two models' argmax is the same token (the output heads run over those
+    for it (design 29 of :mod:`talon_sd.control`), also tell it the prompt's draft/target agreement: the draft's mean
+    probability of the target's argmax over :func:`agreement_positions` (design 44; the output heads run over those
     positions only; the draft forwards its prompt now instead of at its first step, and that forward's seconds, the
     output head apart, go to the controller as a catch-up sample, designs 38 and 40), recorded in ``stats``."""
     target, drafter, controller = pipeline.target, pipeline.drafter, pipeline.controller
@@ -166,9 +166,9 @@ def _prefill(pipeline: Pipeline, prompt_ids: torch.Tensor, capture: tuple[int, .
         controller.observe_catch_up(int(context.numel()), seconds)
     logits_draft = drafter.prompt_logits(at)  # [K, V] or None: the output head over that forward's K rows
     if logits_draft is not None:
-        top_draft = logits_draft.to(logits_target.device).argmax(-1).cpu()  # [K]
-        agree = logits_target.argmax(-1).cpu() == top_draft  # [K]
-        stats.prompt_agreement = agree.float().mean().item()
+        top_target = logits_target.argmax(-1).to(logits_draft.device)  # [K]
+        p_draft = torch.softmax(logits_draft.float(), dim=-1)  # [K, V]
+        stats.prompt_agreement = p_draft.gather(1, top_target[:, None]).mean().item()  # design 44
         controller.observe_prompt(stats.prompt_agreement, int(context.numel()))  # read at the first step's context
         stats.prompt_started_plain = bool(controller.prompt_prior and controller.prompt_prior["started_plain"])
 
