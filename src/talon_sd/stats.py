@@ -33,7 +33,7 @@ class DecodeStats:
     layer_width_sums: list[int] = field(default_factory=list)  # summed width of each depth over steps
     reached: list[int] = field(default_factory=list)  # steps whose tree reaches depth d (d = 1..)
     accepted_at: list[int] = field(default_factory=list)  # steps that accepted a node at depth d
-    prompt_agreement: float | None = None  # the draft's mean p of the target's argmax on the prompt, where the controller asked
+    prompt_agreement: float | None = None  # draft's mean p of the target's argmax over the prompt, where measured
     prompt_started_plain: bool = False  # ... and it started the generation plain (design 29 of talon_sd.control)
     seconds_prefill: float = 0.0
     seconds_draft: float = 0.0  # inside draft-model forwards
