@@ -8,9 +8,16 @@ This script fits ONE linear cost model to all requests of the run by least squar
 only, dropping any that fit negative),
 
     verify seconds = v_step x steps + v_node x sum(tree sizes) + v_ctx x sum(tree sizes) x mean context
+                     + v_square x sum(tree sizes squared)
     draft seconds  = d_forward x draft forwards + d_node x sum(drafted tree sizes) + d_catch x prompt tokens (if drafted)
+                     + d_step x drafted steps
 
-and reprices every request at it (prefill and tree-building seconds kept as measured: 2-5% of a request).
+and reprices every request at it (prefill, tree building and the loop's other seconds kept as measured: a median 7.5%
+of a request in sweep 28, a fifth on long summary prompts, so their drift stays in). Without the two last terms the
+fit priced small trees high in every bf16 sweep (N = 8's measured over modelled seconds 0.957-0.988 over 7 runs;
+0.968-1.001 with them). The identification rests on the variants of a prompt turn meeting the same spells (the
+sweep rotates their order every turn): drift that followed one variant through a whole run would be read as a cost of
+its tree sizes.
 It prints, per dataset, each variant's speedup over ``ar`` measured and modelled, auto over the best fixed
 column both ways, and each variant's measured / modelled seconds (drift or an unmodelled cost that hit one
 variant more than the others shows there). The model is a linear fit of one run, not a replay: the
@@ -43,8 +50,8 @@ def request_terms(sample: dict) -> tuple[list[float], list[float]]:
     context = int(sample["prompt_tokens"]) + int(sample["new_tokens"]) / 2  # the mean cache length over the answer
     drafted = [b for b in budgets if b > 1]
     forwards = int(stats["draft_forwards"])
-    verify = [len(budgets), float(sum(budgets)), float(sum(budgets)) * context]
-    draft = [forwards, float(sum(drafted)), float(sample["prompt_tokens"]) if forwards else 0.0]
+    verify = [len(budgets), float(sum(budgets)), float(sum(budgets)) * context, float(sum(b * b for b in budgets))]
+    draft = [forwards, float(sum(drafted)), float(sample["prompt_tokens"]) if forwards else 0.0, float(len(drafted))]
     return verify, draft
 
 
@@ -67,8 +74,8 @@ class Repriced:
     """What :func:`reprice` found: the fitted coefficients (seconds per regressor of :func:`request_terms`) and,
     per (dataset or "all", label), [committed tokens, measured seconds, modelled seconds] over the priced requests."""
 
-    verify: np.ndarray  # [3]: s per step, per node, per node x context token
-    draft: np.ndarray  # [3]: s per forward, per drafted node, per prompt token of a drafted request
+    verify: np.ndarray  # [4]: s per step, per node, per node x context token, per squared node count
+    draft: np.ndarray  # [4]: s per forward, per drafted node, per prompt token of a drafted request, per drafted step
     totals: dict[tuple[str, str], list[float]]
     labels: list[str]
     priced: int
@@ -105,13 +112,15 @@ def reprice(results: dict, same_length: bool = False) -> Repriced:
             draft_rows.append(draft)
             draft_y.append(float(sample["stats"]["seconds_draft"]))
     v = fit_nonnegative(verify_rows, verify_y)
-    d = fit_nonnegative(draft_rows, draft_y) if draft_rows else np.zeros(3)
+    d = fit_nonnegative(draft_rows, draft_y) if draft_rows else np.zeros(4)
     totals: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
     priced = [s for s in samples if not same_length or len(lengths[(s["dataset"], s["question_id"], s["turn"])]) == 1]
     for sample in priced:
         verify, draft = request_terms(sample)
         stats = sample["stats"]
-        modelled = (float(stats["seconds_prefill"]) + float(stats["seconds_build"])
+        parts = [float(stats[f"seconds_{part}"]) for part in ("prefill", "draft", "build", "verify")]
+        other = max(float(stats.get("seconds_total", sum(parts))) - sum(parts), 0.0)  # the loop's own bookkeeping
+        modelled = (parts[0] + parts[2] + other
                     + float(np.dot(v, verify)) + (float(np.dot(d, draft)) if draft[0] > 0 else 0.0))
         for dataset in (sample["dataset"], "all"):
             row = totals[(dataset, sample["label"])]
@@ -136,8 +145,9 @@ def main() -> None:
     auto = args.auto_label or next((label for label in labels if "auto" in label), None)
     fixed = [label for label in labels if label not in ("ar", auto)]
     print(f"fit over {found.fitted} requests: verify = {v[0] * 1e3:.1f} ms/step + {v[1] * 1e3:.2f} ms/node"
-          f" + {v[2] * 1e6:.3f} us/(node x context token); draft = {d[0] * 1e3:.1f} ms/forward"
-          f" + {d[1] * 1e3:.2f} ms/drafted node + {d[2] * 1e3:.2f} ms/prompt token")
+          f" + {v[2] * 1e6:.3f} us/(node x context token) + {v[3] * 1e6:.1f} us/node^2; draft = {d[0] * 1e3:.1f}"
+          f" ms/forward + {d[1] * 1e3:.2f} ms/drafted node + {d[2] * 1e3:.2f} ms/prompt token + {d[3] * 1e3:.1f}"
+          f" ms/drafted step")
     present = list(dict.fromkeys(dataset for dataset, _ in found.totals if dataset != "all"))
     datasets = [name for name in DATASET_ORDER if name in present] + [n for n in present if n not in DATASET_ORDER]
     print("\nspeedup over ar, measured / modelled (measured seconds over modelled seconds in brackets)")

@@ -16,15 +16,21 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "scripts"))
 
 from drift_free import fit_nonnegative, reprice, request_terms  # noqa: E402
 
-VERIFY = np.array([0.13, 0.003, 2e-6])  # s per step, per node, per node x context token
-DRAFT = np.array([0.05, 0.001, 0.002])  # s per forward, per drafted node, per prompt token (drafted requests)
+VERIFY = np.array([0.13, 0.003, 2e-6, 4e-5])  # s per step, per node, per node x context token, per node^2
+DRAFT = np.array([0.05, 0.001, 0.002, 0.01])  # s per forward, per drafted node, per prompt token, per drafted step
 
 
 def sample(dataset: str, turn: int, label: str, budget: int, steps: int, forwards: int, tokens: int,
            drift: float, prompt: int = 40) -> dict:
-    """One request that costs exactly VERIFY / DRAFT on a steady machine, ``drift`` x that as measured."""
-    stats = {"budgets": [], "budget_hist": {str(budget): steps}, "draft_forwards": forwards,
-             "seconds_prefill": 0.2, "seconds_build": 0.01}
+    """One request that costs exactly VERIFY / DRAFT on a steady machine, ``drift`` x that as measured. A fixed
+    budget records only its histogram (as the bench does); 'auto' records every step's budget, a plain step (N = 1)
+    and a 12-node step among its 16-node ones."""
+    if "auto" in label:
+        per_step = [1, 12] + [budget] * (steps - 2)
+        stats = {"budgets": per_step, "budget_hist": {}, "draft_forwards": forwards}
+    else:
+        stats = {"budgets": [], "budget_hist": {str(budget): steps}, "draft_forwards": forwards}
+    stats.update(seconds_prefill=0.2, seconds_build=0.01)
     draft_prompt = {"prompt_tokens": prompt, "new_tokens": tokens, "stats": stats}
     verify_terms, draft_terms = request_terms(draft_prompt)
     verify = float(np.dot(VERIFY, verify_terms))
@@ -106,4 +112,5 @@ def test_same_length_prices_only_turns_where_every_variant_committed_as_many_tok
     assert reprice(run).priced == 36
     found = reprice(run, same_length=True)
     assert found.priced == 33
+    assert found.fitted == 36  # the fit still reads every request
     assert found.totals[("chat", "ar")][0] == sum(60 + 10 * turn for turn in range(12) if turn != 2)
