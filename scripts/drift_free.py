@@ -15,7 +15,7 @@ only, dropping any that fit negative),
 and reprices every request at it (prefill, tree building and the loop's other seconds kept as measured: a median 7.5%
 of a request in sweep 28, a fifth on long summary prompts, so their drift stays in). Without the two last terms the
 fit priced small trees high in every bf16 sweep (N = 8's measured over modelled seconds 0.957-0.988 over 7 runs;
-0.968-1.001 with them). The identification rests on the variants of a prompt turn meeting the same spells (the
+0.967-1.001 with them). The identification rests on the variants of a prompt turn meeting the same spells (the
 sweep rotates their order every turn): drift that followed one variant through a whole run would be read as a cost of
 its tree sizes.
 It prints, per dataset, each variant's speedup over ``ar`` measured and modelled, auto over the best fixed
@@ -60,6 +60,8 @@ def fit_nonnegative(rows: list[list[float]], targets: list[float]) -> np.ndarray
     matrix, y = np.asarray(rows, dtype=float), np.asarray(targets, dtype=float)
     keep = list(range(matrix.shape[1]))
     while True:
+        if not keep:
+            raise SystemExit("results: every cost term fits negative (too few requests, or no time in them)")
         coefficients = np.zeros(matrix.shape[1])
         solution, *_ = np.linalg.lstsq(matrix[:, keep], y, rcond=None)
         coefficients[keep] = solution
@@ -143,7 +145,8 @@ def main() -> None:
     found = reprice(results, args.same_length)
     v, d, labels = found.verify, found.draft, found.labels
     auto = args.auto_label or next((label for label in labels if "auto" in label), None)
-    fixed = [label for label in labels if label not in ("ar", auto)]
+    method = auto.split("(")[0] if auto else None  # the fixed columns of the online variant's own method
+    fixed = [label for label in labels if label not in ("ar", auto) and label.split("(")[0] == method]
     print(f"fit over {found.fitted} requests: verify = {v[0] * 1e3:.1f} ms/step + {v[1] * 1e3:.2f} ms/node"
           f" + {v[2] * 1e6:.3f} us/(node x context token) + {v[3] * 1e6:.1f} us/node^2; draft = {d[0] * 1e3:.1f}"
           f" ms/forward + {d[1] * 1e3:.2f} ms/drafted node + {d[2] * 1e3:.2f} ms/prompt token + {d[3] * 1e3:.1f}"
