@@ -18,6 +18,7 @@ fit priced small trees high in every bf16 sweep (N = 8's measured over modelled 
 0.967-1.001 with them). The identification rests on the variants of a prompt turn meeting the same spells (the
 sweep rotates their order every turn): drift that followed one variant through a whole run would be read as a cost of
 its tree sizes.
+
 It prints, per dataset, each variant's speedup over ``ar`` measured and modelled, auto over the best fixed
 column both ways, and each variant's measured / modelled seconds (drift or an unmodelled cost that hit one
 variant more than the others shows there). The model is a linear fit of one run, not a replay: the
@@ -38,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-DATASET_ORDER = ("mt_bench", "alpaca", "gsm8k", "humaneval", "sum", "qa")
+from talon_sd.bench.datasets import DATASETS
 
 
 def request_terms(sample: dict) -> tuple[list[float], list[float]]:
@@ -102,12 +103,12 @@ def reprice(results: dict, same_length: bool = False) -> Repriced:
                if s.get("stats") and (s["stats"].get("budgets") or s["stats"].get("budget_hist"))]
     if not any(s["label"] == "ar" for s in samples):
         raise SystemExit("results: no 'ar' requests to take speedups against")
+    terms = [request_terms(sample) for sample in samples]
     lengths = defaultdict(set)  # prompt turn -> the answer lengths of its variants
     for sample in samples:
         lengths[(sample["dataset"], sample["question_id"], sample["turn"])].add(int(sample["new_tokens"]))
     verify_rows, draft_rows, verify_y, draft_y = [], [], [], []
-    for sample in samples:
-        verify, draft = request_terms(sample)
+    for sample, (verify, draft) in zip(samples, terms):
         verify_rows.append(verify)
         verify_y.append(float(sample["stats"]["seconds_verify"]))
         if draft[0] > 0:
@@ -116,9 +117,9 @@ def reprice(results: dict, same_length: bool = False) -> Repriced:
     v = fit_nonnegative(verify_rows, verify_y)
     d = fit_nonnegative(draft_rows, draft_y) if draft_rows else np.zeros(4)
     totals: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
-    priced = [s for s in samples if not same_length or len(lengths[(s["dataset"], s["question_id"], s["turn"])]) == 1]
-    for sample in priced:
-        verify, draft = request_terms(sample)
+    priced = [(s, t) for s, t in zip(samples, terms)
+              if not same_length or len(lengths[(s["dataset"], s["question_id"], s["turn"])]) == 1]
+    for sample, (verify, draft) in priced:
         stats = sample["stats"]
         parts = [float(stats[f"seconds_{part}"]) for part in ("prefill", "draft", "build", "verify")]
         other = max(float(stats.get("seconds_total", sum(parts))) - sum(parts), 0.0)  # the loop's own bookkeeping
@@ -152,7 +153,7 @@ def main() -> None:
           f" ms/forward + {d[1] * 1e3:.2f} ms/drafted node + {d[2] * 1e3:.2f} ms/prompt token + {d[3] * 1e3:.1f}"
           f" ms/drafted step")
     present = list(dict.fromkeys(dataset for dataset, _ in found.totals if dataset != "all"))
-    datasets = [name for name in DATASET_ORDER if name in present] + [n for n in present if n not in DATASET_ORDER]
+    datasets = [name for name in DATASETS if name in present] + [n for n in present if n not in DATASETS]
     print("\nspeedup over ar, measured / modelled (measured seconds over modelled seconds in brackets)")
     header = ["dataset"] + labels + ([f"{auto} / best fixed (measured / modelled)"] if auto and fixed else [])
     print(" | ".join(header))
