@@ -1104,6 +1104,45 @@ def test_a_small_drafted_choice_probes_the_next_rungs_and_climbs_back():
     assert sorted(ratios)[len(ratios) // 2] >= 0.96, ratios  # 0.95 when lost trials probed twice as far
 
 
+def test_a_fall_to_a_smaller_drafted_choice_starts_the_trial_interval_over():
+    # Design 45: trials that lost above a large choice double the interval (up to 64 steps); when a poor stretch
+    # then pulls the choice down to N = 3-5, the probes above it were last measured on the text before the fall,
+    # and with the doubled interval nothing re-measured them for whole answers (a 70-step request at N = 3 in
+    # sweep 28, docs/BENCHMARKS.md section 5). A fall starts the interval over, so a trial is due within
+    # min_probe_interval steps, and after the text turns good again the run gets back nearer the best fixed budget.
+    verify = measured_curve(CPU_FACTS_MS["bf16"])
+    good = World(verify=verify, draft=lambda width: 0.3 * verify(width), other=0.005, agree=0.97, confidence=(0.8, 0.99))
+    poor = World(verify=verify, draft=good.draft, other=0.005, agree=0.4, confidence=(0.2, 0.5))
+    best = max(fixed_rates(good, 150).values())
+    rates, falls = {}, 0
+    for reopen in (True, False):
+        settings = ControllerSettings(initial_budget=16, reopen_on_fall=reopen)
+        rates[reopen] = []
+        for seed in range(10):
+            controller = BudgetController(settings)
+            simulate(good, 200, controller, seed=seed)
+            for step in range(140):
+                before = controller.choice
+                run = simulate(poor if step < 60 else good, 1, controller, seed=1000 * seed + step)
+                if reopen and 1 < controller.choice < before and run.reasons[0] != "trial":  # (a lost trial doubles)
+                    falls += 1
+                    assert controller._next_trial <= controller._step + settings.min_probe_interval
+                rates[reopen].append((seed, step, run.tokens[0], run.seconds[0]))
+    assert falls >= 5, falls
+
+    def recovered(rows):  # the median over seeds of the rate once the text is good again
+        by_seed = {}
+        for seed, step, tokens, seconds in rows:
+            if step >= 60:
+                totals = by_seed.setdefault(seed, [0, 0.0])
+                totals[0] += tokens
+                totals[1] += seconds
+        return statistics.median(t / s for t, s in by_seed.values())
+
+    assert recovered(rates[True]) > recovered(rates[False]), (recovered(rates[True]), recovered(rates[False]), best)
+    assert recovered(rates[True]) >= 0.9 * best, (recovered(rates[True]), best)
+
+
 def test_a_choice_below_the_initial_budget_leans_to_twice_itself():
     # Design 18: below the initial budget a drafted choice leans to at least lean_reach (2) x itself, up to the
     # initial budget (from 8 to 16, from 4 to 8), so the budgets a noisy stretch left are measured paired beside
@@ -1557,7 +1596,7 @@ def test_the_first_prompt_far_below_the_carried_evidence_starts_plain_where_tree
 
 
 def test_the_gap_rule_needs_a_far_prompt_steep_verification_and_too_few_neighbours():
-    steep = World(verify=lambda size: 1.0 + 0.1 * size, draft=lambda width: 0.1, agree=0.97, confidence=(0.8, 0.99))
+    steep = World(verify=lambda size: 1.0 + 0.1 * size, draft=lambda width: 0.1, agree=0.99, confidence=(0.9, 0.999))
     flat = dataclasses.replace(steep, verify=lambda size: 1.0 + 0.01 * size)
 
     def told(world, pairs, agreement, gap=0.15, steep_world=True):

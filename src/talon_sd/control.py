@@ -650,6 +650,20 @@ a timed sum-then-qa run read qa 0.922 but sum 0.939, where design 34 read 0.877 
    design 29 never acts, identical. ``prompt_gap`` (design 30) kept at 0.15. Controller memories written with the
    old measure are not read (:data:`talon_sd.controller_memory.MEMORY_FORMAT` 2). Not yet timed on the real pair.
 
+45. A fall starts the trial interval over (``reopen_on_fall``). Trials that lost above a large choice double the
+   interval to ``max_probe_interval`` (64 steps); when a poor stretch then pulls the choice down to a smaller drafted
+   budget, the probes above it were last measured on the text before the fall, steps at the small choice inform only
+   budgets up to it, and the lean (design 17) reads the rung's stale rate, so nothing re-measured the budgets above:
+   sweep 28's mt_bench request 84/1 ran N = 3 for 69 of its 70 steps, and replays showed the same (a 70-step turn
+   at N = 3, 13% slower than N = 12). Now a fall to a drafted budget sets the interval back to
+   ``min_probe_interval`` (a trial from it probes its lean rung, design 17; each trial that loses doubles the interval
+   again, and the exploration share of design 8 still bounds their cost). Replays (``scripts/replay_positions.py
+   --hardware epyc-bf16 --bar 8,12,16 --fixed 8,12,16 --seeds 16``, auto over the best of N = 8, 12, 16, median):
+   sweep 13's texts all 0.987 -> 0.989 (worst seed 0.972 -> 0.985; mt_bench 0.985 -> 0.991, qa 1.000 -> 0.985), the
+   sweep-24 tree texts 0.962 -> 0.977 (mt_bench 0.964 -> 0.980), sum then qa 0.977 -> 0.973; the Xeon's bf16 costs
+   0.997 -> 0.999, the H200's 0.992 -> 0.994 (24 seeds), the AVX2 EPYC's float32 unchanged (it runs plain). Only
+   falls below the lean floor (8): sweep 13 0.988, tree texts 0.973: not kept.
+
 Not modelled: keep_growing looks one layer ahead;
 a step stopped early by keep_growing is taken to be what every larger budget would have built (true
 up to keep_growing's own dependence on the budget).
@@ -1008,6 +1022,8 @@ class ControllerSettings:
                             cost_refresh_interval; none without one), verify(1) is read from plain steps' seconds against
                             the drafted steps' around them, at the host speed of the drafted sizes' fit (design 42;
                             False: as measured)
+    reopen_on_fall          when the choice falls to a smaller drafted budget, the trial interval starts over at
+                            ``min_probe_interval`` (design 45; False: it keeps the length the last trials left)
     """
 
     max_budget: int = 64
@@ -1050,9 +1066,10 @@ class ControllerSettings:
     prompt_prior_width: float = 0.05
     prompt_gap: float = 0.15
     paired_plain: bool = True
+    reopen_on_fall: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("allow_plain", "early_stop", "predict_trials", "paired_plain"):
+        for name in ("allow_plain", "early_stop", "predict_trials", "paired_plain", "reopen_on_fall"):
             if not isinstance(getattr(self, name), bool):
                 raise bad_argument(name, getattr(self, name), "True or False")
         _check_int("max_budget", self.max_budget, 1 if self.allow_plain else 2,
@@ -2349,7 +2366,7 @@ class BudgetController:
             return
         eligible = {k: rate for k, rate in rates.items() if self._admitted(k)}
         best = max(eligible, key=lambda k: (eligible[k], -k))
-        current = eligible.get(self._choice)
+        current, before = eligible.get(self._choice), self._choice
         if current is not None:
             # a tie keeps the current choice; design 28: leaving plain decoding needs a clear win
             to_beat = current * (1.0 + self.settings.leave_plain_margin) if self._choice == 1 else current
@@ -2357,6 +2374,10 @@ class BudgetController:
                 self._choice = best
         elif self._choice in rates or self._dominated(self._choice, eligible[best]):
             self._choice = best  # a trusted choice the anchor no longer admits, or a dominated untrusted one
+        if 1 < self._choice < before and self.settings.reopen_on_fall:
+            # design 45: the trials that lengthened the interval probed above the old choice, on the text before the fall
+            self._interval = self.settings.min_probe_interval
+            self._next_trial = min(self._next_trial, self._step + self._interval)
 
     def _admitted(self, budget: int) -> bool:
         """Design 19: plain decoding, the anchor (``initial_budget``) and every candidate while the anchor is
