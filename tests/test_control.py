@@ -1114,33 +1114,27 @@ def test_a_fall_to_a_smaller_drafted_choice_starts_the_trial_interval_over():
     good = World(verify=verify, draft=lambda width: 0.3 * verify(width), other=0.005, agree=0.97, confidence=(0.8, 0.99))
     poor = World(verify=verify, draft=good.draft, other=0.005, agree=0.4, confidence=(0.2, 0.5))
     best = max(fixed_rates(good, 150).values())
-    rates, falls = {}, 0
+    recovered, falls = {}, 0  # reopen -> the median over seeds of the rate once the text is good again
     for reopen in (True, False):
         settings = ControllerSettings(initial_budget=16, reopen_on_fall=reopen)
-        rates[reopen] = []
+        rates = []
         for seed in range(10):
             controller = BudgetController(settings)
             simulate(good, 200, controller, seed=seed)
+            tokens = seconds = 0.0
             for step in range(140):
                 before = controller.choice
                 run = simulate(poor if step < 60 else good, 1, controller, seed=1000 * seed + step)
                 if reopen and 1 < controller.choice < before and run.reasons[0] != "trial":  # (a lost trial doubles)
                     falls += 1
                     assert controller._next_trial <= controller._step + settings.min_probe_interval
-                rates[reopen].append((seed, step, run.tokens[0], run.seconds[0]))
+                if step >= 60:
+                    tokens, seconds = tokens + run.tokens[0], seconds + run.seconds[0]
+            rates.append(tokens / seconds)
+        recovered[reopen] = statistics.median(rates)
     assert falls >= 5, falls
-
-    def recovered(rows):  # the median over seeds of the rate once the text is good again
-        by_seed = {}
-        for seed, step, tokens, seconds in rows:
-            if step >= 60:
-                totals = by_seed.setdefault(seed, [0, 0.0])
-                totals[0] += tokens
-                totals[1] += seconds
-        return statistics.median(t / s for t, s in by_seed.values())
-
-    assert recovered(rates[True]) > recovered(rates[False]), (recovered(rates[True]), recovered(rates[False]), best)
-    assert recovered(rates[True]) >= 0.9 * best, (recovered(rates[True]), best)
+    assert recovered[True] > recovered[False], (recovered, best)
+    assert recovered[True] >= 0.9 * best, (recovered, best)
 
 
 def test_a_choice_below_the_initial_budget_leans_to_twice_itself():
