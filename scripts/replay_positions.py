@@ -18,6 +18,7 @@ fixed budget (median), and auto's reasons.
     python scripts/replay_positions.py docs/bench/online-sweep13/positions.jsonl.gz [--seeds 8] [--set lean_reach=1] [--hindsight]
     python scripts/replay_positions.py docs/bench/online-sweep13/positions.jsonl.gz --hardware avx2-fp32 --fixed 1,4,8,16,24,32 --bar 1
     python scripts/replay_positions.py ... --order humaneval,qa   # only these datasets, in this order (chat after code)
+    python scripts/replay_positions.py ... --hardware epyc-fp32-default --limit 2 --bar 1 --fixed 1,4,8,16   # the hostile bench
 
 (``docs/bench/online-sweep13/positions.jsonl.gz``: the 35 prompt turns of sweep 13, trees of 32 nodes, bf16 on the
 Intel Xeon; recorded in 70 minutes.)
@@ -96,6 +97,14 @@ HARDWARE = {
     "avx2-fp32-steep": Hardware({1: 290, 2: 540, 4: 668, 8: 760, 16: 880, 32: 1200, 64: 2150},
                                 {1: 160, 2: 204, 4: 239, 8: 288, 16: 320, 32: 440, 64: 720}, 0.015, 0.008, 0.3, 0.027,
                                 0.009),
+    # the same AVX512-BF16 EPYC in float32 with the default kernels (issue 11's hostile case; 2026-12-02:
+    # scripts/forward_costs.py --variants float32:default; the target's prefill fitted to the hostile run's ar
+    # requests (docs/bench/online-fp32-hostile-d45: 1.3-1.6 s at 36-44 tokens, 13.6-15.2 s at 664-709); the draft's
+    # catch-up 11 ms a token and the heads 12 ms a prompt row, from the measured prompts' extra prefill there)
+    "epyc-fp32-default": Hardware({1: 448, 2: 837, 4: 786, 8: 787, 12: 1002, 16: 1064, 20: 1209, 24: 1184, 32: 1315,
+                                   48: 1772, 64: 2147},
+                                  {1: 137, 2: 278, 4: 252, 8: 251, 12: 281, 16: 316, 20: 373, 24: 390, 32: 460,
+                                   48: 554, 64: 621}, 0.015, 0.011, 0.8, 0.019, 0.012),
     # the 2-core AMD EPYC with AVX512-BF16, bf16 (docs/BENCHMARKS.md section 5, sweep 21: scripts/forward_costs.py
     # --variants bfloat16:auto; 4 ms of tree building a drafted step; the target's prefill 0.02 s + 4.1 ms a prompt
     # token, fitted to the sweep's ar requests; the draft's catch-up a third of that; the heads 2 ms a prompt row, target
@@ -123,6 +132,7 @@ class Turn:
     answer: list[int]
     confidence: list[float]
     positions: list[dict]
+    question_id: str = ""  # the dataset's question (an MT-Bench question has two turns)
     children: list[dict] = field(default_factory=list)  # per position: (parent, token) -> inclusion position
 
     def __post_init__(self) -> None:
@@ -243,7 +253,20 @@ def load_turns(paths: list[pathlib.Path]) -> list[Turn]:
                 row = json.loads(line)
                 rows[row["index"]] = row
     return [Turn(index=r["index"], dataset=r["dataset"], prompt_tokens=r["prompt_tokens"], answer=r["answer"],
-                 confidence=r["confidence"], positions=r["positions"]) for _, r in sorted(rows.items())]
+                 confidence=r["confidence"], positions=r["positions"], question_id=str(r.get("question_id", "")))
+            for _, r in sorted(rows.items())]
+
+
+def first_questions(turns: list[Turn], limit: int) -> list[Turn]:
+    """The turns of each dataset's first ``limit`` questions, in order (an MT-Bench question's turns together), as
+    ``talon bench --limit`` picks them."""
+    if limit < 1:
+        raise ValueError(f"limit: expected an integer >= 1, got {limit!r}")
+    firsts: dict = defaultdict(list)
+    for turn in turns:
+        if turn.question_id not in firsts[turn.dataset] and len(firsts[turn.dataset]) < limit:
+            firsts[turn.dataset].append(turn.question_id)
+    return [turn for turn in turns if turn.question_id in firsts[turn.dataset]]
 
 
 def replay(turns: list[Turn], seed: int, fixed: list[int], noise: float, max_new_tokens: int,
@@ -378,6 +401,9 @@ def main(argv=None) -> int:
     parser.add_argument("--order", default=None, metavar="DATASETS",
                         help="replay only these datasets, in this order (comma-separated, e.g. humaneval,qa: a chat "
                              "dataset right after code); default: every turn in the sweep's order")
+    parser.add_argument("--limit", type=int, default=None, metavar="K",
+                        help="replay only each dataset's first K questions (an MT-Bench question's two turns both), "
+                             "as ``talon bench --limit K`` runs them")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="a ControllerSettings field for this replay (e.g. lean_margin=0.05); repeatable")
     parser.add_argument("--blind-context", action="store_true",
@@ -399,6 +425,8 @@ def main(argv=None) -> int:
         if len(set(order)) < len(order):
             parser.error(f"--order: a dataset named twice in {args.order!r} (each is replayed once)")
         turns = [turn for dataset in order for turn in turns if turn.dataset == dataset]
+    if args.limit is not None:
+        turns = first_questions(turns, args.limit)
     hardware = HARDWARE[args.hardware]
     if args.context_slope is not None:
         hardware = dataclasses.replace(hardware, verify_context_slope=args.context_slope)

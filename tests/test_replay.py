@@ -17,7 +17,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "scripts"))
 
 from conftest import plain_greedy  # noqa: E402
 from record_positions import checkpoint_turns, record_turn  # noqa: E402
-from replay_positions import HARDWARE, Clock, Turn, print_trace, replay, replay_step, replay_turn  # noqa: E402
+from replay_positions import (HARDWARE, Clock, Turn, first_questions, print_trace, replay, replay_step,  # noqa: E402
+                              replay_turn)
 
 from talon_sd import SpeculativeGenerator  # noqa: E402
 from talon_sd.config import TreeConfig  # noqa: E402
@@ -95,3 +96,16 @@ def test_the_trace_holds_each_turns_budgets_and_every_policys_seconds(recorded, 
     print_trace(0, trace)
     line = capsys.readouterr().out
     assert line.startswith("seed 0 turn 0 tiny") and line.count("|") == 1 and len(line.split("|")[1].split()) == len(budgets)
+
+
+def test_first_questions_keeps_each_datasets_first_questions_with_all_their_turns():
+    def turn(index, dataset, question):
+        return Turn(index=index, dataset=dataset, prompt_tokens=4, answer=[], confidence=[], positions=[],
+                    question_id=question)
+
+    turns = [turn(0, "mt_bench", "81"), turn(1, "mt_bench", "81"), turn(2, "mt_bench", "82"), turn(3, "mt_bench", "82"),
+             turn(4, "mt_bench", "83"), turn(5, "qa", "1"), turn(6, "qa", "2"), turn(7, "qa", "3")]
+    assert [t.index for t in first_questions(turns, 2)] == [0, 1, 2, 3, 5, 6]
+    assert [t.index for t in first_questions(turns, 1)] == [0, 1, 5]
+    with pytest.raises(ValueError, match="limit"):
+        first_questions(turns, 0)
