@@ -46,6 +46,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
 from controller_scenarios import INTEL_BF16_MS  # noqa: E402
 from test_control import AVX2_FP32_MS, measured_curve  # noqa: E402
 
+from talon_sd.bench.datasets import check_limit  # noqa: E402
 from talon_sd.control import BudgetController, ControllerSettings, StepRecord  # noqa: E402
 from talon_sd.decoding import AGREEMENT_POSITIONS  # noqa: E402
 
@@ -260,8 +261,7 @@ def load_turns(paths: list[pathlib.Path]) -> list[Turn]:
 def first_questions(turns: list[Turn], limit: int) -> list[Turn]:
     """The turns of each dataset's first ``limit`` questions, in order (an MT-Bench question's turns together), as
     ``talon bench --limit`` picks them."""
-    if limit < 1:
-        raise ValueError(f"limit: expected an integer >= 1, got {limit!r}")
+    check_limit(limit)
     firsts: dict = defaultdict(list)
     for turn in turns:
         if turn.question_id not in firsts[turn.dataset] and len(firsts[turn.dataset]) < limit:
@@ -426,7 +426,10 @@ def main(argv=None) -> int:
             parser.error(f"--order: a dataset named twice in {args.order!r} (each is replayed once)")
         turns = [turn for dataset in order for turn in turns if turn.dataset == dataset]
     if args.limit is not None:
-        turns = first_questions(turns, args.limit)
+        try:
+            turns = first_questions(turns, args.limit)
+        except ValueError as error:
+            parser.error(str(error))
     hardware = HARDWARE[args.hardware]
     if args.context_slope is not None:
         hardware = dataclasses.replace(hardware, verify_context_slope=args.context_slope)
