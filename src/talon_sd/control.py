@@ -664,6 +664,31 @@ a timed sum-then-qa run read qa 0.922 but sum 0.939, where design 34 read 0.877 
    0.997 -> 0.999, the H200's 0.992 -> 0.994 (24 seeds), the AVX2 EPYC's float32 unchanged (it runs plain). Only
    falls below the lean floor (8): sweep 13 0.988, tree texts 0.973: not kept.
 
+46. A carried drafted choice is checked against a plain step on the new text (``plain_check_steps``). A sequence that
+   opens on the last one's drafted choice judges it against rate(1), and while a drafted budget is the choice plain
+   steps are rare (design 13), so rate(1) can be a plain cost measured on another text in another spell of the
+   machine: on the AVX2-only EPYC in float32 (talon bench, 3 timed runs per turn) mt_bench 82/1 opened on the 16-20
+   nodes carried from 81/2, where they had won, and drafted 29 steps at 3.6 tokens a step, about 0.47 s a token,
+   against plain steps of 0.37 s on that text: 60.6 s against ``ar``'s 48.2 s, the choice falling only when the
+   request was nearly done. The controller's own rates cannot tell this case apart (a stale rate(1) is what makes the
+   drafted choice look 1.3-1.5x faster than plain decoding, as a real win looks). So where verification is steep (the
+   choice's tree costs :data:`CHECK_VERIFY_RATIO` plain verifies or more, read against the fastest plain sample kept:
+   a float32 CPU without AVX512 or with torch's default kernels, where drafting is near break-even and the plain rate
+   decides; not bf16 or a GPU, where an unconditional check cost 1-1.5% of short code requests for nothing in the
+   synthetic worlds of ``scripts/controller_scenarios.py``), a sequence that opened on a carried drafted choice runs
+   one plain step (``plain-check``) after ``plain_check_steps`` of its own drafted steps, unless it ran a plain step
+   already. If its drafted steps' measured rate, the catch-up left out, is more than :data:`CHECK_MARGIN` below that
+   plain step's, the acceptance samples are dropped (as where design 29 starts a prompt plain; capped to one step's
+   weight instead, the few own samples still read a 3-node tree faster than plain and the choice came straight back),
+   verify(1) and the plain overhead keep only that newest sample (the older ones were measured elsewhere) and the
+   choice is plain decoding, its probe schedule started over: trials and design 12's predictions take it back to
+   drafting where this text lets them. A check that finds drafting fast enough changes nothing but one plain step, a
+   fresh sample of verify(1). Synthetic worlds on the AVX2 curves: chat after code whose plain steps ran 1.25x slow
+   (every drafted N loses more than 10% to plain decoding; 12 seeds) 0.858 -> 0.961 of plain decoding (the check left
+   drafting in 8); 48-token code answers at 1.38x plain after code, 16 seeds: a false leave in 1 (after 3 steps with no
+   margin 4, with 5% 2, with 10% 0; after 5 steps with 10% 1); the Intel float32 T = 1-like world (drafting 1.1x plain,
+   24 seeds) lost 1% in mean after 3 steps and nothing after 5, hence 5 and 10%.
+
 Not modelled: keep_growing looks one layer ahead;
 a step stopped early by keep_growing is taken to be what every larger budget would have built (true
 up to keep_growing's own dependence on the budget).
@@ -714,6 +739,8 @@ PRIOR_SAMPLE_EVERY = 4  # where no agreement could change a start, only every 4t
 PRIOR_SAMPLE_MAX = 32  # ... an interval that doubles after each sample that drafted clearly faster than plain (design 35)
 FAR_VERIFY_RATIO = 1.75  # design 30 acts where verifying the first step's tree costs this many plain verifies or more
 # (at the new prompt's context; 1.5 before design 34)
+CHECK_VERIFY_RATIO = 1.5  # design 46 checks a carried choice where its tree costs this many plain verifies or more
+CHECK_MARGIN = 0.1  # ... and leaves it when its drafted steps ran more than this much slower than the plain step
 NEW_COMMAND_MARGIN = 1.25  # a new command keeps the carried drafted choice only if it beat plain by this factor (design 27)
 CHILD_PRIOR_SHARE = 0.7  # prior: an accepted, expanded node has one of its drafted children accepted 70% of the time
 # why a step got its budget (:attr:`BudgetController.reason`, recorded per step in the decoding stats)
@@ -733,6 +760,7 @@ REASONS = {
     "trial-unpredictable": "a trial from plain was due but the recent text predicts no probe wins (design 12)",
     "trial-postponed": "a trial was due but the probe's last trials lost more than the rest affords (design 11)",
     "trial-short": "a trial was due but the sequence is expected to end within explore_min_tokens tokens (design 24)",
+    "plain-check": "a plain step checking a carried drafted choice on the new text's own steps (design 46)",
 }
 
 
@@ -1024,6 +1052,9 @@ class ControllerSettings:
                             False: as measured)
     reopen_on_fall          when the choice falls to a smaller drafted budget, the trial interval starts over at
                             ``min_probe_interval`` (design 45; False: it keeps the length the last trials left)
+    plain_check_steps       where verification is steep, a sequence that opened on a carried drafted choice runs one
+                            plain step after this many of its own drafted steps and goes plain if they were more than
+                            CHECK_MARGIN slower than it (design 46; 0: never)
     """
 
     max_budget: int = 64
@@ -1067,6 +1098,7 @@ class ControllerSettings:
     prompt_gap: float = 0.15
     paired_plain: bool = True
     reopen_on_fall: bool = True
+    plain_check_steps: int = 5
 
     def __post_init__(self) -> None:
         for name in ("allow_plain", "early_stop", "predict_trials", "paired_plain", "reopen_on_fall"):
@@ -1084,7 +1116,7 @@ class ControllerSettings:
                           ("probe_levels", 1), ("min_probe_interval", 1), ("cost_samples", 1),
                           ("plain_refresh_interval", 0), ("release_steps", 1), ("confidence_window", 1),
                           ("anchor_gap_steps", 0), ("cost_refresh_interval", 0), ("explore_min_tokens", 0),
-                          ("bet_window", 1)):
+                          ("bet_window", 1), ("plain_check_steps", 0)):
             _check_int(name, getattr(self, name), low, f"an integer >= {low}")
         if self.min_steps > self.window:
             raise bad_argument("min_steps", self.min_steps, f"at most window={self.window}")
@@ -1191,6 +1223,18 @@ class CostCurve:
                     pair.neighbours.append(added)
             self._last_adds.append(added)
         self.clock += 1
+        self._stale = True
+
+    def keep_newest(self, size: int, count: int) -> None:
+        """Forget all but ``size``'s newest ``count`` samples (for the paired size, its older pairs too): what was measured
+        of it before no longer stands for the machine and text at hand (design 46). Call :meth:`refit` before reading."""
+        if size not in self.samples:
+            return
+        for store in (self.samples, self._clocks, self._contexts):
+            store[size] = deque(list(store[size])[-count:], maxlen=self.keep)
+        if size == self.paired:
+            oldest = self._clocks[size][0] if self._clocks[size] else self.clock
+            self._pairs = deque((pair for pair in self._pairs if pair.clock >= oldest), maxlen=self._pairs.maxlen)
         self._stale = True
 
     def read_at(self, context: int | None) -> bool:
@@ -1610,6 +1654,8 @@ class BudgetController:
         self._agreement: float | None = None  # this sequence's prompt agreement, once the loop measured it
         self._prior: dict | None = None  # what design 29 predicted for this sequence (summary)
         self._own_drafted = [0, 0.0]  # this sequence's drafted steps: committed tokens, seconds
+        self._own_catch_up = 0.0  # ... of those seconds, the drafter's catch-up (design 46)
+        self._plain_checks = Counter()  # design 46: checks by outcome ("kept", "plain")
         self._sequences = 0  # sequences before this one (for_next_sequence)
         self._sample_every = PRIOR_SAMPLE_EVERY  # sequences between two prompt samples (designs 32, 35)
         self._sample_base = 0  # the sequence number of the last prompt sample: one is due every _sample_every after
@@ -1648,6 +1694,7 @@ class BudgetController:
             follower._sample_every = (min(2 * self._sample_every, PRIOR_SAMPLE_MAX) if won
                                       else self._sample_every if speed is None else PRIOR_SAMPLE_EVERY)
         follower._agreement, follower._prior, follower._own_drafted = None, None, [0, 0.0]
+        follower._own_catch_up = 0.0
         follower._sequences += 1
         follower._planned = None
         follower._previous_plain = True  # the new sequence's drafter starts with its prompt to forward
@@ -1667,6 +1714,7 @@ class BudgetController:
         follower._histogram = Counter()
         follower._reasons = Counter()
         follower._probes = Counter()
+        follower._plain_checks = Counter()
         follower._growth_checks = follower._early_stops = 0
         return follower
 
@@ -1736,7 +1784,8 @@ class BudgetController:
         else:
             self._choose()
             budget, self._reason = self._choice, "choice"
-            plain_due = self._plain_due()
+            check = self._plain_check_due()
+            plain_due = check or self._plain_due()
             # design 24: a sequence about to end cannot use what exploring would learn
             short = expected is not None and expected < self.settings.explore_min_tokens
             refresh = None if plain_due or short else self._refresh_due()
@@ -1748,7 +1797,7 @@ class BudgetController:
             if lean is not None and not all(self._worth_catching_up(k, catch_up, expected) for k in (budget, lean)):
                 lean = None
             if plain_due:
-                budget, self._reason = 1, "plain-measure"
+                budget, self._reason = 1, "plain-check" if check else "plain-measure"
             elif refresh is not None:
                 budget, self._reason = refresh, "cost-refresh"
                 self._last_refresh = self._step
@@ -1967,6 +2016,7 @@ class BudgetController:
             else:
                 extra = apart
             self._add_catch_up(self._catch_up_tokens, extra)
+            self._own_catch_up += extra
         for curve in (self.verify_cost, self.draft_cost, self.overhead_cost, self.catch_up_cost):
             curve.refit()
         self._table_top = max(self._table_top, record.size, forwards, max(record.forward_widths, default=0))
@@ -2007,6 +2057,8 @@ class BudgetController:
             self._trial_loss += lost - self._catch_up_seconds(self._catch_up_tokens)
         elif self._reason == "lean" and self._lean_reference:  # an untrusted rung's step, likewise (design 17)
             self._lost_seconds += seconds - (len(record.accepted) + 1) / self._lean_reference
+        if self._reason == "plain-check" and forwards == 0:
+            self._judge_plain_check(seconds)
         self._previous_plain = forwards == 0
         self._catch_up_tokens = 0
         self._sequence_tokens += len(record.accepted) + 1
@@ -2045,6 +2097,7 @@ class BudgetController:
             "catch_up_seconds": self.catch_up_cost.points(),
             "catch_up_skips": self._catch_up_skips,
             "carried_released_after": self._released_at,
+            "plain_checks": dict(self._plain_checks),
             "prompt_prior": self.prompt_prior,
             "exploration_lost_seconds": round(self._lost_seconds, 6),
             "growth_checks": self._growth_checks,
@@ -2481,6 +2534,40 @@ class BudgetController:
             return self._step >= 1
         refresh = settings.plain_refresh_interval
         return refresh > 0 and self._step - self._last_plain >= refresh
+
+    def _plain_check_due(self) -> bool:
+        """Design 46: a plain step checks the choice now: the sequence is not the first, opened on a drafted choice and
+        ran ``plain_check_steps`` drafted steps and no plain one, and the choice's tree costs :data:`CHECK_VERIFY_RATIO`
+        times the fastest plain verify kept or more."""
+        steps, plain = self.settings.plain_check_steps, self.verify_cost.samples.get(1)
+        if (steps == 0 or not self.settings.allow_plain or self._choice == 1 or self._sequence_start == 0
+                or self._last_plain >= self._sequence_start or len(self._own_outcomes) < steps or not plain):
+            return False
+        return self._verify(self._choice) >= CHECK_VERIFY_RATIO * min(plain)
+
+    def _judge_plain_check(self, plain_seconds: float) -> None:
+        """Design 46, after the check's plain step of ``plain_seconds``: where the sequence's own drafted steps (their
+        catch-up left out) committed tokens more than :data:`CHECK_MARGIN` slower than it, the acceptance samples go,
+        verify(1) and the plain overhead keep only this sample, and the choice is plain decoding with its schedule
+        started over."""
+        tokens, seconds = self._own_drafted
+        drafting = seconds - self._own_catch_up
+        if drafting <= 0 or plain_seconds <= 0 or tokens / drafting >= (1.0 - CHECK_MARGIN) / plain_seconds:
+            self._plain_checks["kept"] += 1
+            return
+        self._plain_checks["plain"] += 1
+        for samples in self._samples:  # as design 29's plain start: trials re-measure drafting on this text
+            samples.clear()
+        self.verify_cost.keep_newest(1, 1)
+        self.overhead_cost.keep_newest(0, 1)
+        for curve in (self.verify_cost, self.overhead_cost):
+            curve.refit()
+        self._rebuild_tables()
+        self._choice = 1
+        plain = self._plain_rate()
+        self._rates = {1: plain} if plain is not None else {}
+        self._reset_schedule()
+        self._version += 1
 
     def _trial_blocked(self, catch_up: float, expected: float | None) -> str | None:
         """Why a due trial cannot start now (a key of :data:`REASONS`), or None when it may."""
