@@ -1903,17 +1903,12 @@ class BudgetController:
                        "predicted_speed": None if predicted is None else round(predicted, 4),
                        "far_below": far and start_plain, "started_plain": start_plain}
         if start_plain:
-            for samples in self._samples:  # all carried: the sequence has no samples of its own yet
-                samples.clear()
+            self._drop_to_plain()  # all samples carried: the sequence has none of its own yet
             self.predictability.recent.clear()  # the last text's confidences: design 12 predicts from this one's
             if far:
                 self._lengths.clear()  # design 30: how long the other text's answers ran says nothing of this one's
-            self._choice = 1
-            plain = self._plain_rate()
-            self._rates = {1: plain} if plain is not None else {}
             self._next_trial = max(self._next_trial, self._step + self._interval)  # no scheduled probe at once
             self._planned = None
-            self._version += 1
 
     def observe_catch_up(self, tokens: int, seconds: float) -> None:
         """The drafter forwarded ``tokens`` committed tokens outside any step, in ``seconds``: a sample of the catch-up
@@ -2556,17 +2551,22 @@ class BudgetController:
             self._plain_checks["kept"] += 1
             return
         self._plain_checks["plain"] += 1
-        for samples in self._samples:  # as design 29's plain start: trials re-measure drafting on this text
-            samples.clear()
         self.verify_cost.keep_newest(1, 1)
         self.overhead_cost.keep_newest(0, 1)
         for curve in (self.verify_cost, self.overhead_cost):
             curve.refit()
         self._rebuild_tables()
+        self._drop_to_plain()
+        self._reset_schedule()
+
+    def _drop_to_plain(self) -> None:
+        """Forget every acceptance sample and choose plain decoding (rates: plain's alone), so that trials re-measure
+        drafting on the text at hand (designs 29, 30 and 46)."""
+        for samples in self._samples:
+            samples.clear()
         self._choice = 1
         plain = self._plain_rate()
         self._rates = {1: plain} if plain is not None else {}
-        self._reset_schedule()
         self._version += 1
 
     def _trial_blocked(self, catch_up: float, expected: float | None) -> str | None:
