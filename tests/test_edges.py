@@ -272,11 +272,11 @@ def test_onednn_packed_float32_models_decode_exactly(tmp_path, monkeypatch):
     assert tokens == expected
     folder = save_tiny_llama(tmp_path / "tiny")
     generator = SpeculativeGenerator(str(folder), str(folder), dtype="float32", device="cpu", tree="talon", budget=6,
-                                     cpu_kernels="packed")
+                                     cpu_kernels="packed", draft_quantization="none")
     assert any(type(m).__name__ == "MkldnnLinear" for m in generator.target_model.modules())
     assert generator.cpu_kernels == {"target": "packed", "draft": "packed"}
     plain = SpeculativeGenerator(str(folder), str(folder), dtype="float32", device="cpu", tree="talon", budget=6,
-                                 cpu_kernels="default")
+                                 cpu_kernels="default", draft_quantization="none")
     assert not any(type(m).__name__ == "MkldnnLinear" for m in plain.target_model.modules())
     assert plain.cpu_kernels == {"target": "default", "draft": "default"}
     ids = [3, 4, 5, 3, 4]
@@ -369,9 +369,62 @@ def test_auto_cpu_kernels_pack_only_where_one_row_is_not_slower(tmp_path, monkey
     folder = save_tiny_llama(tmp_path / "tiny")
     for seconds, expected in (({1: (0.002, 0.001)}, "packed"), ({1: (0.001, 0.002), 4: (0.004, 0.003)}, "default")):
         monkeypatch.setattr(lm, "linear_seconds", lambda m, seconds=seconds: seconds)
-        generator = SpeculativeGenerator(str(folder), str(folder), dtype="float32", device="cpu", tree="talon", budget=6)
+        generator = SpeculativeGenerator(str(folder), str(folder), dtype="float32", device="cpu", tree="talon", budget=6,
+                                         draft_quantization="none")
         assert generator.cpu_kernels == {"target": expected, "draft": expected}
         assert any(type(m).__name__ == "MkldnnLinear" for m in generator.target_model.modules()) == (expected == "packed")
+
+
+def test_an_int8_draft_changes_what_is_proposed_never_the_output(tmp_path, monkeypatch):
+    """draft_quantization='int8' quantizes the draft LM's float32 linears (output head included) and no target
+    linear; every tree method still reproduces the target's plain greedy output; 'auto' takes int8 only where one
+    int8 row is measured at least as fast as the fastest float32 path; the controller's memory is kept apart."""
+    import copy
+
+    from talon_sd import lm
+    from talon_sd.controller_memory import memory_key
+
+    target, draft = tiny_model("qwen2", seed=5).cpu(), tiny_model("qwen2", seed=6).cpu()
+    int8_draft = copy.deepcopy(draft)
+    assert lm.quantize_linears_int8(int8_draft) == 2 * 7 + 1
+    assert lm.kernels_of(int8_draft) == "int8" and lm.kernels_of(draft) == "default"
+    assert lm.quantize_linears_int8(int8_draft) == 0  # nothing float32 left to quantize
+    prompt = [5, 17, 33, 8, 5, 17]
+    with torch.no_grad():
+        moved = (int8_draft(torch.tensor([prompt])).logits - draft(torch.tensor([prompt])).logits).abs().max()
+    assert 0 < moved < 0.5  # another draft, close to the float32 one
+    expected = plain_greedy(target, prompt, 30)
+    for tree in (TreeConfig("talon", budget=8, topk=3), TreeConfig("eagle", budget=8, topk=3, depth=3),
+                 TreeConfig("chain", budget=5, depth=4)):
+        tokens, _ = run(target, make_drafter("model", int8_draft, VOCAB), tree, prompt, 30)
+        assert tokens == expected, tree
+
+    choose = lambda seconds: lm.choose_draft_quantization(draft, measure=lambda m: seconds)  # noqa: E731
+    assert choose((0.0042, 0.0005)) == "int8"  # the AVX2-only EPYC's reading of the 0.5B draft
+    assert choose((0.0010, 0.0020)) == "none"
+    assert choose(None) == "none"
+    measured = lm.int8_linear_seconds(draft, repeats=2)  # the real measurement leaves the model as it was
+    assert measured is not None and all(seconds > 0 for seconds in measured) and lm.kernels_of(draft) == "default"
+    assert lm.int8_linear_seconds(tiny_model("qwen2", seed=5).to(torch.bfloat16)) is None
+
+    monkeypatch.setenv("TALON_SD_CACHE", str(tmp_path / "cache"))
+    folder = save_tiny_llama(tmp_path / "tiny")
+    made = {}
+    for setting in ("int8", "none"):
+        made[setting] = SpeculativeGenerator(str(folder), str(folder), dtype="float32", device="cpu", tree="talon",
+                                             budget=6, cpu_kernels="default", draft_quantization=setting)
+    assert made["int8"].cpu_kernels == {"target": "default", "draft": "int8"}
+    assert made["none"].cpu_kernels == {"target": "default", "draft": "default"}
+    ids = [3, 4, 5, 3, 4]
+    assert (made["int8"].generate(input_ids=ids, max_new_tokens=12).token_ids
+            == made["none"].generate(input_ids=ids, max_new_tokens=12, tree="ar").token_ids)
+    assert memory_key(made["int8"], None, None) != memory_key(made["none"], None, None)
+    monkeypatch.setattr(lm, "int8_linear_seconds", lambda m: (0.001, 0.002))  # int8 slower: auto keeps float32
+    kept = SpeculativeGenerator(str(folder), str(folder), dtype="float32", device="cpu", tree="talon", budget=6,
+                                cpu_kernels="default")
+    assert kept.cpu_kernels["draft"] == "default"
+    with pytest.raises(TalonError, match="^draft_quantization: got 'int4'"):
+        SpeculativeGenerator(str(folder), str(folder), dtype="float32", device="cpu", draft_quantization="int4")
 
 
 def test_auto_budget_calls_continue_the_previous_calls_controller_per_method_drafter_and_mode(llama_pair):

@@ -10,7 +10,7 @@ import json
 import os
 import sys
 
-from .config import CPU_KERNELS, TREE_METHODS
+from .config import CPU_KERNELS, DRAFT_QUANTIZATION, TREE_METHODS
 from .errors import TalonError
 
 
@@ -29,6 +29,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                         help="float32 linears on CPU: packed (oneDNN), default (torch's own) or auto (whichever "
                              "serves one row faster on this CPU, or packed when it is nearly as fast on one row and "
                              "far faster on four; measured at load)")
+    parser.add_argument("--draft-quantization", default="auto", choices=DRAFT_QUANTIZATION,
+                        help="the draft LM's float32 linears on CPU: int8 (dynamic quantization; the output stays the "
+                             "target's), none, or auto (int8 where one int8 row is faster on this CPU; measured at load)")
 
 
 def add_tree_arguments(parser: argparse.ArgumentParser) -> None:
@@ -170,6 +173,7 @@ def make_generator(args: argparse.Namespace):
         args.target, args.draft, tree=tree, drafter=args.drafter, dtype=args.dtype,
         device=args.device, chat_template=not getattr(args, "no_chat_template", False), **controller_start(args, tree),
         cpu_kernels=getattr(args, "cpu_kernels", "auto"),
+        draft_quantization=getattr(args, "draft_quantization", "auto"),
     )
 
 

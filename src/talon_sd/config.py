@@ -26,6 +26,7 @@ METHOD_DEFAULTS: dict[str, dict[str, object]] = {
 AUTO = "auto"
 AUTO_METHODS = ("chain", "eagle", "talon")  # the methods whose budget the online controller can set
 CPU_KERNELS = ("auto", "packed", "default")  # float32 CPU linears: measured choice, oneDNN-packed, torch's own
+DRAFT_QUANTIZATION = ("auto", "int8", "none")  # the draft LM's float32 CPU linears: measured choice, int8, as loaded
 _FIELD_USE = {
     "budget": "tree nodes, root counted (talon, static, eagle's total tokens; chain: depth + 1)",
     "topk": "talon's root children K and eagle's top-k per layer",

@@ -12,7 +12,8 @@ wall-time ratios stayed within that machine's process-to-process noise). So the 
 carried controllers at exit and load them at start, for the same:
 
     machine (:func:`talon_sd.machine.machine_key`: CPU model and instruction-set class, torch
-    threads, device), target, draft, dtype, torch and talon-sd versions
+    threads, device), target, draft, dtype, whether the draft runs int8 (``--draft-quantization``: its forwards
+    cost a third of float32's on the AVX2-only EPYC), torch and talon-sd versions
 
 (:func:`memory_key`). Not the CPU kernels that ``--cpu-kernels auto`` picked: it times both at load,
 and for the 0.5B draft on that EPYC its pick flipped between two processes in a row (packed and
@@ -57,6 +58,7 @@ def memory_key(generator, target: str | None, draft: str | None) -> dict:
     return {**machine_key(generator.target.device),
             "target": model_name(target, "target"), "draft": model_name(draft, "draft"),
             "dtype": str(generator.target.dtype).replace("torch.", ""),
+            "draft_int8": (getattr(generator, "cpu_kernels", None) or {}).get("draft") == "int8",
             "torch": str(torch.__version__), "talon_sd": str(__version__),
             "format": MEMORY_FORMAT}
 

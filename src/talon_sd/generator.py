@@ -33,11 +33,11 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 import torch
 
 from .builders import make_builder
-from .config import AUTO, AUTO_METHODS, CPU_KERNELS, GenerationConfig, SamplingConfig, TreeConfig
+from .config import AUTO, AUTO_METHODS, CPU_KERNELS, DRAFT_QUANTIZATION, GenerationConfig, SamplingConfig, TreeConfig
 from .decoding import Pipeline, StopCondition, decode
 from .drafters import DRAFTERS, Eagle3Drafter, ModelDrafter, NgramDrafter
 from .errors import TalonError, TalonWarning, bad_argument
-from .lm import CausalLM, apply_cpu_kernels, kernels_of
+from .lm import CausalLM, apply_cpu_kernels, apply_draft_quantization, kernels_of
 from .stats import DecodeStats
 
 if TYPE_CHECKING:
@@ -96,6 +96,10 @@ class SpeculativeGenerator:
                    serves one row faster on this CPU (or packed when nearly as fast on one row and far faster
                    on four), measured per model at load
                    (:func:`talon_sd.lm.choose_cpu_kernels`); ``self.cpu_kernels`` says what each model runs
+    draft_quantization  the draft LM's float32 CPU linears: ``int8`` (dynamic quantization; the draft only, the
+                   output is the target's either way), ``none`` (as ``cpu_kernels`` makes them), ``auto`` int8
+                   where one int8 row is faster than the float32 path on this CPU
+                   (:func:`talon_sd.lm.choose_draft_quantization`); ``self.cpu_kernels["draft"]`` is then ``int8``
     """
 
     def __init__(
@@ -111,6 +115,7 @@ class SpeculativeGenerator:
         initial_budget: int | None = None,
         cost_prior: "CostPrior | None" = None,
         cpu_kernels: str = "auto",
+        draft_quantization: str = "auto",
         head: str | None = None,
         **tree_options,
     ) -> None:
@@ -121,6 +126,9 @@ class SpeculativeGenerator:
         if cpu_kernels not in CPU_KERNELS:
             raise bad_argument("cpu_kernels", cpu_kernels, "'auto' (measured: packed where it is faster), "
                                "'packed' (oneDNN-packed float32 linears on CPU) or 'default'")
+        if draft_quantization not in DRAFT_QUANTIZATION:
+            raise bad_argument("draft_quantization", draft_quantization, "'auto' (measured: int8 where it is faster), "
+                               "'int8' (the draft LM's float32 CPU linears quantized) or 'none'")
         loaded_target = models.load_model(target or models.DEFAULT_TARGET, role="target", dtype=dtype, device=device)
         apply_cpu_kernels(loaded_target.model, cpu_kernels)
         loaded_draft = None
@@ -138,7 +146,7 @@ class SpeculativeGenerator:
                 draft or models.DEFAULT_DRAFT, role="draft", dtype=dtype, device=device, with_tokenizer=True
             )
             models.check_same_vocab(loaded_target, loaded_draft)
-            apply_cpu_kernels(loaded_draft.model, cpu_kernels)
+            apply_draft_quantization(loaded_draft.model, draft_quantization, cpu_kernels)
         extra_head = None
         if head is not None:  # an EAGLE-3 head beside the draft LM: per-call drafter="eagle3"
             from .eagle3 import load_eagle3_head

@@ -245,7 +245,8 @@ def _load_generator(args: argparse.Namespace):
     start.pop("initial_budget", None)  # each variant's own start: its method default
     return SpeculativeGenerator(args.target, args.draft, tree="talon", drafter=args.drafter, dtype=args.dtype,
                                 device=args.device, chat_template=not args.no_chat_template,
-                                cpu_kernels=args.cpu_kernels, head=getattr(args, "head", None), **start)
+                                cpu_kernels=args.cpu_kernels, draft_quantization=getattr(args, "draft_quantization", "auto"),
+                                head=getattr(args, "head", None), **start)
 
 
 def _open_checkpoint(args: argparse.Namespace, kind: str, prompts, variants, decoding: Decoding):
