@@ -7,6 +7,7 @@ of width w (a tree expansion) on a 200-token cache, median of ``--repeats``
 draft/target cost ratio c at T = w = 1. Machine noted in the first line.
 
     python scripts/forward_costs.py [--variants float32:default,float32:auto,bfloat16:auto] [--sizes 1,2,4,8,16]
+    python scripts/forward_costs.py --variants float32:auto,float32:auto:int8   # the draft's linears in int8 too
     python scripts/forward_costs.py --device cuda --target DIR --draft DIR --variants bfloat16:default
 
 (``cpu_kernels`` is a CPU setting: on a GPU every variant runs the same kernels.)
@@ -28,7 +29,7 @@ from talon_sd.lm import CausalLM
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variants", default="float32:default,float32:auto,bfloat16:auto",
-                        help="comma-separated dtype:cpu_kernels")
+                        help="comma-separated dtype:cpu_kernels[:draft_quantization] (the last: none by default)")
     parser.add_argument("--sizes", default="1,2,4,8,16,32")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--context", type=int, default=200)
@@ -44,9 +45,10 @@ def main() -> None:
     print(header)
     print("|" + "---|" * (len(sizes) + 3))
     for variant in args.variants.split(","):
-        dtype, kernels = variant.split(":")
+        dtype, kernels, *quantization = variant.split(":")
         generator = SpeculativeGenerator(args.target, args.draft, dtype=dtype, device=args.device,
-                                         cpu_kernels=kernels)
+                                         cpu_kernels=kernels, draft_quantization=(quantization or ["none"])[0])
+        kernels = variant.split(":", 1)[1]
         draft = CausalLM(generator.draft_model, role="draft")
         rows = {"target": measure_forward_costs(generator.target, sizes, "verify", args.context, args.repeats),
                 "draft": measure_forward_costs(draft, sizes, "draft", args.context, args.repeats)}

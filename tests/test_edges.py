@@ -407,6 +407,31 @@ def test_an_int8_draft_changes_what_is_proposed_never_the_output(tmp_path, monke
     assert measured is not None and all(seconds > 0 for seconds in measured) and lm.kernels_of(draft) == "default"
     assert lm.int8_linear_seconds(tiny_model("qwen2", seed=5).to(torch.bfloat16)) is None
 
+    from talon_sd.bench.machine import _weights
+
+    assert _weights(int8_draft) == _weights(draft)  # int8 weights counted where parameters no longer hold them
+
+    # a tuned profile's draft curve starts only the kind of draft it timed (int8 forwards cost a third)
+    import argparse
+
+    from talon_sd import cli
+    from talon_sd.bench import profiles
+
+    profile = {"methods": {"talon": {"best": {"budget": 12}}},
+               "cost_curve": {"verify": {"1": 0.4, "8": 0.6}, "draft": {"1": 0.12}}}
+    monkeypatch.setattr(profiles, "find_profile", lambda key: (profile, "profile.json"))
+    for setting, timed, prior in (("none", None, True), ("int8", None, False), ("int8", "int8", True),
+                                  ("none", "int8", False)):
+        profile["draft_kernels"] = timed
+        args = argparse.Namespace(target=None, draft=None, dtype="float32", device="cpu", drafter="model",
+                                  draft_quantization=setting, temperature=0.0)
+        start = cli.controller_start(args, TreeConfig("talon", budget="auto"))
+        assert start["initial_budget"] == 12 and ("cost_prior" in start) == prior, (setting, timed)
+    args.draft_quantization = "auto"
+    assert cli._expects_int8_draft(args) == lm.int8_available()
+    args.dtype = "bfloat16"
+    assert not cli._expects_int8_draft(args)  # only float32 linears are quantized
+
     monkeypatch.setenv("TALON_SD_CACHE", str(tmp_path / "cache"))
     folder = save_tiny_llama(tmp_path / "tiny")
     made = {}

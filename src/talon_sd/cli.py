@@ -158,10 +158,29 @@ def controller_start(args: argparse.Namespace, tree) -> dict:
     elif tree.method == "chain" and isinstance(best.get("depth"), int):
         start["initial_budget"] = best["depth"] + 1
     curve = profile.get("cost_curve", {})
+    if (profile.get("draft_kernels") == "int8") != _expects_int8_draft(args):
+        curve = {}  # its draft curve timed another kind of draft (int8 forwards cost a third of float32's)
     if curve.get("verify") and curve.get("draft"):
         start["cost_prior"] = CostPrior(verify_seconds={int(k): float(v) for k, v in curve["verify"].items()},
                                         draft_seconds={int(k): float(v) for k, v in curve["draft"].items()})
     return start
+
+
+def _expects_int8_draft(args: argparse.Namespace) -> bool:
+    """Whether ``args`` will load the draft LM with int8 linears (``--draft-quantization``; ``auto``: float32 on CPU
+    with a quantized engine, where the measured verdict of :func:`talon_sd.lm.choose_draft_quantization` has been
+    int8 on every CPU seen, by 3-12x); read before loading, to match a tuned profile's draft curve."""
+    import torch
+
+    from . import models
+    from .lm import int8_available
+
+    setting = getattr(args, "draft_quantization", "auto")
+    if setting != "auto" or getattr(args, "drafter", "model") != "model":
+        return setting == "int8" and getattr(args, "drafter", "model") == "model"
+    device = models.resolve_device(args.device)
+    return (device.type == "cpu" and models.resolve_dtype(args.dtype or "auto", device) == torch.float32
+            and int8_available())
 
 
 def make_generator(args: argparse.Namespace):

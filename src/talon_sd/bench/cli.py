@@ -313,6 +313,9 @@ def run_fingerprint(args: argparse.Namespace, kind: str, prompts, variants, deco
     return {
         "kind": kind, "target": str(args.target), "draft": str(args.draft), "drafter": args.drafter,
         "dtype": args.dtype, "device": args.device, "decoding": dataclasses.asdict(decoding),
+        # absent at the default: older checkpoints still resume
+        **({"draft_quantization": args.draft_quantization}
+           if getattr(args, "draft_quantization", "auto") != "auto" else {}),
         "variants": [v.describe() for v in variants],
         "prompts": hashlib.sha256(prompt_text.encode("utf-8")).hexdigest(),
         # absent at 1: older checkpoints still resume; "repeated": ar runs every round too (a checkpoint of the runs

@@ -124,6 +124,7 @@ def run_tune(generator, methods: Sequence[str], settings: TuneSettings, key: dic
         "settings": {**{k: v for k, v in asdict(settings).items() if k != "stages"}, "stages": stages,
                      "calibration_prompt_tokens": [int(p.numel()) for p in prompts]},
         "cost_curve": cost.to_dict(),
+        "draft_kernels": (getattr(generator, "cpu_kernels", None) or {}).get("draft"),  # its draft curve's draft
         "ar": {**reference.to_dict(), "predicted_tokens_per_s": round(predicted_tokens_per_s(cost, reference), 4)},
         "methods": results,
     }
