@@ -48,15 +48,15 @@ def main() -> None:
         dtype, kernels, *quantization = variant.split(":")
         generator = SpeculativeGenerator(args.target, args.draft, dtype=dtype, device=args.device,
                                          cpu_kernels=kernels, draft_quantization=(quantization or ["none"])[0])
-        kernels = variant.split(":", 1)[1]
+        label = variant.split(":", 1)[1]  # cpu_kernels, and the draft's quantization when given
         draft = CausalLM(generator.draft_model, role="draft")
         rows = {"target": measure_forward_costs(generator.target, sizes, "verify", args.context, args.repeats),
                 "draft": measure_forward_costs(draft, sizes, "draft", args.context, args.repeats)}
         for model, costs in rows.items():
             cells = " | ".join(f"{1000 * costs[s]:.0f}" for s in sizes)
             ratio = costs[2] / costs[1] if 1 in costs and 2 in costs else float("nan")
-            print(f"| {dtype}, {kernels} | {model} | {cells} | {ratio:.2f} |", flush=True)
-        print(f"c (draft / target at 1 token), {dtype} {kernels}: {rows['draft'][1] / rows['target'][1]:.2f}", flush=True)
+            print(f"| {dtype}, {label} | {model} | {cells} | {ratio:.2f} |", flush=True)
+        print(f"c (draft / target at 1 token), {dtype} {label}: {rows['draft'][1] / rows['target'][1]:.2f}", flush=True)
         del generator, draft
         gc.collect()
 

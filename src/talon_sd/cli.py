@@ -176,8 +176,10 @@ def _expects_int8_draft(args: argparse.Namespace) -> bool:
     from .lm import int8_available
 
     setting = getattr(args, "draft_quantization", "auto")
-    if setting != "auto" or getattr(args, "drafter", "model") != "model":
-        return setting == "int8" and getattr(args, "drafter", "model") == "model"
+    if getattr(args, "drafter", "model") != "model":
+        return False  # no draft LM
+    if setting != "auto":
+        return setting == "int8"
     device = models.resolve_device(args.device)
     return (device.type == "cpu" and models.resolve_dtype(args.dtype or "auto", device) == torch.float32
             and int8_available())

@@ -366,29 +366,41 @@ def linear_seconds(model, rows: tuple[int, ...] = KERNEL_ROWS, repeats: int = 15
     vocabulary-sized copy would cost a GB) for each ``r`` in ``rows``, with torch's own kernel and
     oneDNN-packed, interleaved so that drift hits both alike: ``{r: (default, packed)}``, each the fastest of
     ``repeats`` runs (the least disturbed by other work on the machine); None when nothing is packable."""
-    import time
-
     mkldnn = _mkldnn()
-    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    linears = [m for m in model.modules() if _packable(m) and m is not output]
-    if mkldnn is None or not linears:
+    linear = _largest_linear(model)
+    if mkldnn is None or linear is None:
         return None
-    linear = max(linears, key=lambda m: m.weight.numel())
-    packed = mkldnn.to_mkldnn(linear)  # a packed copy; the model keeps its own weight
+    paths = {"default": linear, "packed": mkldnn.to_mkldnn(linear)}  # a packed copy; the model keeps its own weight
     source = torch.Generator().manual_seed(0)  # the global RNG is left untouched
     result = {}
-    with torch.inference_mode():
-        for count in rows:
-            inputs = torch.randn(count, linear.in_features, generator=source)  # [r, in]
-            samples: dict[str, list[float]] = {"default": [], "packed": []}
-            for index in range(repeats + 3):  # the first 3 rounds warm both paths up
-                for name, path in (("default", linear), ("packed", packed)):
-                    started = time.perf_counter()
-                    path(inputs)
-                    if index >= 3:
-                        samples[name].append(time.perf_counter() - started)
-            result[count] = (min(samples["default"]), min(samples["packed"]))
+    for count in rows:
+        fastest = _fastest_seconds(paths, torch.randn(count, linear.in_features, generator=source), repeats)  # [r, in]
+        result[count] = (fastest["default"], fastest["packed"])
     return result
+
+
+def _largest_linear(model):
+    """The model's largest float32 CPU ``nn.Linear``, the output embedding excepted (a vocabulary-sized copy would
+    cost a GB); None when it has none."""
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    linears = [m for m in model.modules() if _packable(m) and m is not output]
+    return max(linears, key=lambda m: m.weight.numel()) if linears else None
+
+
+def _fastest_seconds(paths: dict, inputs: torch.Tensor, repeats: int) -> dict[str, float]:
+    """``{name: seconds}``: the fastest of ``repeats`` runs of each path over ``inputs``, the paths interleaved so that
+    drift hits all alike (the least disturbed run by other work on the machine), after 3 warm-up rounds."""
+    import time
+
+    samples: dict[str, list[float]] = {name: [] for name in paths}
+    with torch.inference_mode():
+        for index in range(repeats + 3):
+            for name, path in paths.items():
+                started = time.perf_counter()
+                path(inputs)
+                if index >= 3:
+                    samples[name].append(time.perf_counter() - started)
+    return {name: min(values) for name, values in samples.items()}
 
 
 def choose_cpu_kernels(model, measure=None) -> str:
@@ -456,10 +468,27 @@ def kernels_of(model) -> str | None:
     it has oneDNN-packed ones, ``"default"`` otherwise, None for no model."""
     if model is None:
         return None
-    names = {type(m).__module__ + "." + type(m).__name__ for m in model.modules()}
-    if any(".quantized.dynamic." in name for name in names):
+    if any(is_int8_linear(m) for m in model.modules()):
         return "int8"
-    return "packed" if any(name.endswith(".MkldnnLinear") for name in names) else "default"
+    return "packed" if any(type(m).__name__ == "MkldnnLinear" for m in model.modules()) else "default"
+
+
+def is_int8_linear(module) -> bool:
+    """Whether ``module`` is one of torch's dynamically quantized linears (:func:`quantize_linears_int8`)."""
+    return ".quantized.dynamic." in type(module).__module__ and hasattr(module, "weight")
+
+
+def _quantize_dynamic(module, spec, inplace: bool = False):
+    """torch's dynamic int8 quantization of the linears ``spec`` names (names or types -> the per-channel qconfig),
+    its deprecation warning silenced (see :func:`quantize_linears_int8`)."""
+    import warnings
+
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return quantize_dynamic(module, {key: per_channel_dynamic_qconfig for key in spec}, dtype=torch.qint8,
+                                inplace=inplace)
 
 
 def int8_available() -> bool:
@@ -483,18 +512,10 @@ def quantize_linears_int8(model) -> int:
     ``torch.ao.quantization.quantize_dynamic`` is deprecated in favour of torchao, which has no CPU kernel for this
     path without extra builds; its deprecation warning is silenced here. The unquantized tensors (embeddings, norms)
     are copied out of any file mapping, as in :func:`pack_linears_for_cpu`."""
-    import warnings
-
-    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
-
-    names = {name for name, module in model.named_modules()
-             if type(module) is torch.nn.Linear and module.weight.dtype == torch.float32
-             and module.weight.device.type == "cpu"}
+    names = {name for name, module in model.named_modules() if _packable(module)}
     if not names or not int8_available():
         return 0
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        quantize_dynamic(model, {name: per_channel_dynamic_qconfig for name in names}, dtype=torch.qint8, inplace=True)
+    _quantize_dynamic(model, names, inplace=True)
     _own_unpacked_tensors(model)
     return len(names)
 
@@ -503,34 +524,16 @@ def int8_linear_seconds(model, repeats: int = 15) -> tuple[float, float] | None:
     """Seconds of one row through the model's largest float32 CPU linear (the output embedding excepted) as the
     fastest float32 path (torch's own or oneDNN-packed, whichever is faster) and dynamically quantized to int8, each
     the fastest of ``repeats`` interleaved runs: ``(float32, int8)``; None when nothing can be quantized."""
-    import time
-    import warnings
-
-    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
-
-    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    linears = [m for m in model.modules() if _packable(m) and m is not output]
-    if not linears or not int8_available():
+    linear = _largest_linear(model)
+    if linear is None or not int8_available():
         return None
-    linear = max(linears, key=lambda m: m.weight.numel())
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        quantized = quantize_dynamic(torch.nn.Sequential(linear), {torch.nn.Linear: per_channel_dynamic_qconfig},
-                                     dtype=torch.qint8)  # a quantized copy; the model keeps its own weight
+    # copies: the model keeps its own weight
+    paths = {"default": linear, "int8": _quantize_dynamic(torch.nn.Sequential(linear), {torch.nn.Linear})}
     mkldnn = _mkldnn()
-    paths = {"default": linear, "int8": quantized}
     if mkldnn is not None:
         paths["packed"] = mkldnn.to_mkldnn(linear)
     inputs = torch.randn(1, linear.in_features, generator=torch.Generator().manual_seed(0))  # [1, in]
-    samples: dict[str, list[float]] = {name: [] for name in paths}
-    with torch.inference_mode():
-        for index in range(repeats + 3):  # the first 3 rounds warm every path up
-            for name, path in paths.items():
-                started = time.perf_counter()
-                path(inputs)
-                if index >= 3:
-                    samples[name].append(time.perf_counter() - started)
-    fastest = {name: min(values) for name, values in samples.items()}
+    fastest = _fastest_seconds(paths, inputs, repeats)
     return min(value for name, value in fastest.items() if name != "int8"), fastest["int8"]
 
 

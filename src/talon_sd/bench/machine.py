@@ -109,7 +109,9 @@ def model_settings(generator) -> dict:
 
 def _weights(model) -> int:
     """Parameters, plus the weights oneDNN-packed linears keep as buffers and int8 linears keep packed."""
+    from ..lm import is_int8_linear
+
     quantized = sum(m.weight().numel() + (m.bias().numel() if m.bias() is not None else 0)
-                    for m in model.modules() if ".quantized.dynamic." in type(m).__module__ and hasattr(m, "weight"))
+                    for m in model.modules() if is_int8_linear(m))
     return sum(p.numel() for p in model.parameters()) + quantized + sum(
         b.numel() for name, b in model.named_buffers() if name.endswith("weight") and b.is_mkldnn)
