@@ -98,6 +98,13 @@ HARDWARE = {
     "avx2-fp32-steep": Hardware({1: 290, 2: 540, 4: 668, 8: 760, 16: 880, 32: 1200, 64: 2150},
                                 {1: 160, 2: 204, 4: 239, 8: 288, 16: 320, 32: 440, 64: 720}, 0.015, 0.008, 0.3, 0.027,
                                 0.009),
+    # the same CPU kind, float32 packed target and the draft's linears in int8 (2026-12-03: scripts/forward_costs.py
+    # --variants float32:auto:int8; scripts/prompt_measure_cost.py: a 709-token prompt's draft forward 2.8 s (4 ms a
+    # token), its target prefill 17.1 s, both heads 0.13 s over 64 rows). Acceptance replayed is the float32 draft's:
+    # the int8 draft agrees with the target a little less often (61% of argmaxes against 66%)
+    "avx2-fp32-int8": Hardware({1: 406, 2: 610, 4: 647, 8: 688, 16: 875, 24: 971, 32: 1130, 64: 1913},
+                               {1: 54, 2: 58, 4: 61, 8: 72, 16: 112, 24: 148, 32: 192, 64: 364}, 0.015, 0.004, 0.3,
+                               0.024, 0.002),
     # the same AVX512-BF16 EPYC in float32 with the default kernels (issue 11's hostile case; 2026-12-02:
     # scripts/forward_costs.py --variants float32:default; the target's prefill fitted to the hostile run's ar
     # requests (docs/bench/online-fp32-hostile-d45: 1.3-1.6 s at 36-44 tokens, 13.6-15.2 s at 664-709); the draft's

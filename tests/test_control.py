@@ -50,6 +50,7 @@ from talon_sd.control import (
     prefix_outcome,
 )
 from talon_sd.errors import TalonError
+from talon_sd import control
 
 RANKS = 4  # children the synthetic draft ranks under each node
 
@@ -595,6 +596,45 @@ def test_a_carried_drafted_choice_is_checked_against_a_plain_step_on_the_new_tex
         simulate(world, None, controller, prompt=40, tokens=128)
         budgets.append(simulate(world, None, controller.for_next_sequence(), seed=1, prompt=40, tokens=128).budgets)
     assert budgets[0] == budgets[1] and max(budgets[0]) > 1
+
+
+def test_a_carried_drafted_choice_whose_first_steps_accept_nothing_is_released(monkeypatch):
+    # Design 47. On the AVX2 curves, a text that drafts well in stretches (two easy steps, two middling ones: committed
+    # tokens spread wide, a step that accepts nothing rare) ends on a large drafted choice; the next request is a short
+    # answer on which the draft is never right. Design 8's z-test, against that wide spread, often waits for 3-4 own
+    # steps; a run of own steps that all accepted nothing, unlikely enough among the carried steps, releases sooner.
+    verify, draft = measured_curve(AVX2_FP32_MS["target"]), measured_curve(AVX2_FP32_MS["draft"])
+    easy = World(verify=verify, draft=draft, other=0.005, agree=0.995, confidence=(0.95, 0.999), catch_up=0.002)
+    middling = World(verify=verify, draft=draft, other=0.005, agree=0.8, confidence=(0.6, 0.9), catch_up=0.002)
+    wrong = World(verify=verify, draft=draft, other=0.005, agree=0.0, confidence=(0.5, 0.95), catch_up=0.002)
+    stretches = lambda step: middling if step % 4 < 2 else easy  # noqa: E731
+    drafted, rates, released = {}, {}, {}
+    for name, p in (("design 47", control.RELEASE_NOTHING_P), ("z-test only", 0.0)):
+        monkeypatch.setattr(control, "RELEASE_NOTHING_P", p)
+        drafted[name], rates[name], released[name] = [], [], []
+        for seed in range(8):
+            controller = BudgetController(ControllerSettings())
+            simulate(stretches, None, controller, seed=seed, prompt=40, tokens=128)
+            follower = controller.for_next_sequence()
+            run = simulate(wrong, None, follower, seed=100 + seed, prompt=40, tokens=24)
+            drafted[name].append(sum(budget > 1 for budget in run.budgets))
+            rates[name].append(run.rate() / simulate(wrong, None, 1, seed=100 + seed, prompt=40, tokens=24).rate())
+            released[name].append(follower.summary()["carried_released_after"])
+    assert all(a <= b for a, b in zip(drafted["design 47"], drafted["z-test only"])), drafted
+    assert sum(drafted["design 47"]) <= sum(drafted["z-test only"]) - 3, drafted
+    assert released["design 47"].count(None) < released["z-test only"].count(None), released
+    assert all(after is None or after <= 3 for after in released["design 47"]), released
+    assert statistics.mean(rates["design 47"]) > statistics.mean(rates["z-test only"]), rates
+    # on unchanged text a run of nothing-accepted steps that releases is rare: the carried samples stay
+    monkeypatch.undo()
+    kept = []
+    for seed in range(8):
+        controller = BudgetController(ControllerSettings())
+        simulate(stretches, None, controller, seed=seed, prompt=40, tokens=128)
+        follower = controller.for_next_sequence()
+        simulate(stretches, None, follower, seed=200 + seed, prompt=40, tokens=64)
+        kept.append(follower.summary()["carried_released_after"] is None)
+    assert sum(kept) >= 7, kept
 
 
 def test_a_cost_curve_forgets_all_but_a_sizes_newest_samples():

@@ -689,6 +689,23 @@ a timed sum-then-qa run read qa 0.922 but sum 0.939, where design 34 read 0.877 
    margin 4, with 5% 2, with 10% 0; after 5 steps with 10% 1); the Intel float32 T = 1-like world (drafting 1.1x plain,
    24 seeds) lost 1% in mean after 3 steps and nothing after 5, hence 5 and 10%.
 
+47. A run of own steps that accepted nothing releases the carried samples (design 8's change point, one-sided). Design
+   8's z-test reads the carried samples' spread of committed tokens, which is wide where a text drafts well in
+   stretches (sum at N = 24 on the real pair: 1 to 15 tokens a step), so a short answer on which the draft is never
+   right drafted 3-4 steps at the carried choice before the test fired: on the AVX2-only EPYC in float32 with the int8
+   draft (talon bench, 3 timed runs a turn), qa 321 opened on sum's 24 nodes, its first four steps accepted nothing at
+   about 1.3-1.75 s each against a 0.48 s plain step, and the request ran at 0.73x of ``ar``. Now, while every own
+   drafted step of a new sequence accepted nothing at the largest budget they all inform, the carried samples' weighted
+   share q of steps that accepted nothing there (with half a step's pseudo-count over one step more, so q > 0) makes
+   a run of k such steps as likely as q ** k on the carried text; below :data:`RELEASE_NOTHING_P` (5%) the samples are
+   released as in design 8. Two steps release where fewer than 22% of the carried steps accepted nothing. Synthetic
+   (tests/test_control.py: easy and middling stretches on the AVX2 curves, then a 24-token answer the draft never
+   gets; 16 seeds): 38 -> 27 drafted steps in all, 0.831 -> 0.871 of plain decoding; on unchanged text no release at
+   any threshold up to 10%. ``scripts/controller_scenarios.py`` (8 seeds) unchanged but for bf16 chat (mean 1.394 ->
+   1.396) and the Intel bf16 chat with slow spells (mean 0.992 -> 0.994, worst seed 0.982 -> 0.979); replays of the
+   recorded trees unchanged on the AVX2 costs (float32 or int8 draft) and within noise on the EPYC's bf16 costs (all
+   0.982 -> 0.983). 2% changed the same synthetic world less (32 drafted steps).
+
 Not modelled: keep_growing looks one layer ahead;
 a step stopped early by keep_growing is taken to be what every larger budget would have built (true
 up to keep_growing's own dependence on the budget).
@@ -740,6 +757,8 @@ PRIOR_SAMPLE_MAX = 32  # ... an interval that doubles after each sample that dra
 FAR_VERIFY_RATIO = 1.75  # design 30 acts where verifying the first step's tree costs this many plain verifies or more
 # (at the new prompt's context; 1.5 before design 34)
 CHECK_VERIFY_RATIO = 1.5  # design 46 checks a carried choice where its tree costs this many plain verifies or more
+RELEASE_NOTHING_P = 0.05  # design 47: own steps that all accepted nothing release the carried samples where a run this
+# long is this unlikely among them
 CHECK_MARGIN = 0.1  # ... and leaves it when its drafted steps ran more than this much slower than the plain step
 NEW_COMMAND_MARGIN = 1.25  # a new command keeps the carried drafted choice only if it beat plain by this factor (design 27)
 CHILD_PRIOR_SHARE = 0.7  # prior: an accepted, expanded node has one of its drafted children accepted 70% of the time
@@ -2340,8 +2359,14 @@ class BudgetController:
             return
         carried = tokens / weight
         standard_error = math.sqrt(max(squares / weight - carried * carried, 1.0) / len(self._own_outcomes))
-        if (max(own / carried, carried / own) > settings.release_ratio
-                and abs(own - carried) > RELEASE_Z * standard_error):
+        changed = (max(own / carried, carried / own) > settings.release_ratio
+                   and abs(own - carried) > RELEASE_Z * standard_error)
+        if not changed and own == 1.0 and carried > 1.0:  # design 47: every own step accepted nothing
+            nothing = sum(self._age_weight(sample) for sample in self._samples[index]
+                          if sample.index < start and sample.outcomes[index][0] == 1)
+            share = (nothing + 0.5) / (weight + 1.0)  # the carried steps' share that accepted nothing
+            changed = share ** len(self._own_outcomes) < RELEASE_NOTHING_P
+        if changed:
             self._released_at = len(self._own_outcomes)
             self._cap_carried_weight(1.0)
 
