@@ -16,9 +16,9 @@ import torch
 from conftest import noisy_copy, tiny_model
 from talon_sd.bench import cli as bench_cli
 from talon_sd.bench.datasets import DATASETS, load_jsonl, load_prompts, parse_dataset_names, prompts_from_ids
-from talon_sd.bench.methods import METHODS, Decoding, bench_variants, parse_methods
-from talon_sd.bench.results import SCHEMA, build_results
-from talon_sd.bench.runner import run_bench
+from talon_sd.bench.methods import METHODS, Decoding, Outcome, bench_variants, parse_methods
+from talon_sd.bench.results import SCHEMA, build_results, summarize
+from talon_sd.bench.runner import SampleRecord, run_bench
 from talon_sd.bench.tune import (AcceptancePoint, CostCurve, choose_budget, coordinate_search, interpolate,
                                  predicted_tokens_per_s, tuned_tree_options)
 from talon_sd.cli import main
@@ -26,6 +26,7 @@ from talon_sd.config import TreeConfig
 from talon_sd.control import REASONS
 from talon_sd.errors import TalonError
 from talon_sd.generator import SpeculativeGenerator
+from talon_sd.stats import DecodeStats
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -127,9 +128,11 @@ def test_bench_cli_runs_every_method_end_to_end(use_generator, tmp_path, capsys)
             assert row["identical_to_ar"] == 1.0
             assert row["mat"] >= 1.0 and set(row["time_share"]) == {"prefill", "draft", "build", "verify", "other"}
             assert row["mean_layer_width"][0] == 1.0 and row["speedup_median"] > 0
+            assert row["speedup_same_length"] == pytest.approx(row["speedup"], abs=2e-4)  # the same lengths
         for method in ("hf", "hf-assisted"):
             row = rows[(dataset, method)]
             assert row["mat"] is None and row["tokens_per_s"] > 0 and 0.0 <= row["identical_to_ar"] <= 1.0
+            assert row["speedup_same_length"] is None  # no prefill seconds to keep apart
     assert rows[("all", "talon")]["depth_acceptance"] and rows[("all", "talon")]["tree_depth_hist"]
 
     outputs = [json.loads(line) for line in (out / "outputs.jsonl").read_text().splitlines()]
@@ -152,6 +155,23 @@ def test_bench_in_sampling_mode_from_python(generator):
     assert results["settings"]["mode"] == "sample"
     assert all(row["identical_to_ar"] is None and row["speedup"] > 0 for row in results["summary"])
     json.dumps(results)
+
+
+def test_speedup_at_ars_lengths_keeps_the_prefill_whole_and_scales_the_decoding():
+    # Sampling: ar wrote 100 tokens in 60 s (20 s of prefill), talon 50 in 35 s (20 s of prefill, 15 s decoding).
+    # tokens/s reads 0.71x; at ar's length talon would take 20 + 15 * 100 / 50 = 50 s: 60 / 50 = 1.2x.
+    def record(label: str, tokens: int, seconds: float, prefill: float | None) -> SampleRecord:
+        stats = None if prefill is None else DecodeStats(method=label, seconds_prefill=prefill)
+        return SampleRecord(index=0, dataset="sum", question_id="1", turn=1, label=label, method=label,
+                            prompt_tokens=700, seed=0, outcome=Outcome(list(range(tokens)), seconds, stats), text="",
+                            identical_to_ar=None)
+
+    variants = bench_variants(["talon", "hf"])
+    records = [record("ar", 100, 60.0, 20.0), record("talon", 50, 35.0, 20.0), record("hf", 100, 55.0, None)]
+    rows = {row["label"]: row for row in summarize(records, variants, greedy=False)}
+    assert rows["talon"]["speedup"] == pytest.approx((50 / 35) / (100 / 60), abs=1e-4)
+    assert rows["talon"]["speedup_same_length"] == pytest.approx(1.2)
+    assert rows["ar"]["speedup_same_length"] == pytest.approx(1.0) and rows["hf"]["speedup_same_length"] is None
 
 
 def test_the_warm_up_teaches_the_online_controllers_nothing(generator, monkeypatch):

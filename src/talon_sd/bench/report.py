@@ -44,6 +44,7 @@ COLUMNS = (
     ("tok/s", lambda r: _fmt(r["tokens_per_s"])),
     ("speedup", lambda r: _fmt(r["speedup"], "{:.2f}x")),
     ("median", lambda r: _fmt(r["speedup_median"], "{:.2f}x")),
+    ("same len", lambda r: _fmt(r.get("speedup_same_length"), "{:.2f}x")),
     ("MAT", lambda r: _fmt(r["mat"])),
     ("delta", lambda r: _fmt(r["delta"])),
     ("draft", lambda r: _fmt(_share(r, "draft"), "{:.0%}")),

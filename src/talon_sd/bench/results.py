@@ -33,6 +33,11 @@
          "speedup",                     # tokens_per_s / ar's tokens_per_s on the same samples (for
                                         # equal output lengths, the ratio of total times)
          "speedup_median",              # median over samples of the per-sample tokens/s ratio to ar
+         "speedup_same_length",         # ar's seconds over the variant's at ar's output lengths: each sample's
+                                        # prefill plus its decoding seconds scaled by ar's new tokens over its own
+                                        # (sampling ends answers at other lengths, and tokens/s then weighs a long
+                                        # prompt's prefill by the length drawn); equals speedup where the outputs
+                                        # are as long as ar's (greedy); null without prefill seconds (hf)
          "identical_to_ar",             # greedy: share of samples whose token ids equal ar's; else null
          # our loop's methods only (null for hf, hf-assisted):
          "mat", "delta",                # committed tokens / target forwards; draft forwards / target forwards
@@ -98,7 +103,7 @@ def _summary_row(dataset: str, variant: Variant, group: list[SampleRecord], base
     row = {
         "dataset": dataset, "label": variant.label, "method": variant.method, "samples": len(group),
         "new_tokens": new_tokens, "seconds": round(seconds, 4), "tokens_per_s": round(tokens_per_s, 4),
-        "speedup": None, "speedup_median": None,
+        "speedup": None, "speedup_median": None, "speedup_same_length": None,
         "identical_to_ar": None,
     }
     if baseline:
@@ -110,10 +115,25 @@ def _summary_row(dataset: str, variant: Variant, group: list[SampleRecord], base
         ratios = [r.tokens_per_second / base_rate[(r.index, r.dataset)] for r in group
                   if base_rate.get((r.index, r.dataset), 0) > 0]
         row["speedup_median"] = round(statistics.median(ratios), 4) if ratios else None
+        row["speedup_same_length"] = _speedup_same_length(group, baseline)
     if greedy and all(r.identical_to_ar is not None for r in group):
         row["identical_to_ar"] = round(sum(bool(r.identical_to_ar) for r in group) / len(group), 4)
     row.update(_tree_metrics(group, seconds))
     return row
+
+
+def _speedup_same_length(group: list[SampleRecord], baseline: list[SampleRecord]) -> float | None:
+    """Sum of ar's seconds over the sum of the group's seconds at ar's lengths (``speedup_same_length`` above),
+    over the samples both have; None where a sample has no prefill seconds or no new tokens."""
+    base = {(r.index, r.dataset): r for r in baseline}
+    pairs = [(r, base[(r.index, r.dataset)]) for r in group if (r.index, r.dataset) in base]
+    if not pairs or any(r.outcome.stats is None or r.new_tokens == 0 for r, _ in pairs):
+        return None
+    scaled = 0.0
+    for record, ar in pairs:
+        prefill = record.outcome.stats.seconds_prefill
+        scaled += prefill + (record.outcome.seconds - prefill) * ar.new_tokens / record.new_tokens
+    return round(sum(ar.outcome.seconds for _, ar in pairs) / scaled, 4) if scaled > 0 else None
 
 
 def _tree_metrics(group: list[SampleRecord], seconds: float) -> dict:
