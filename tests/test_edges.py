@@ -410,6 +410,11 @@ def test_an_int8_draft_changes_what_is_proposed_never_the_output(tmp_path, monke
     from talon_sd.bench.machine import _weights
 
     assert _weights(int8_draft) == _weights(draft)  # int8 weights counted where parameters no longer hold them
+    tied = Qwen2ForCausalLM(Qwen2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True))
+    tied_int8 = copy.deepcopy(tied)
+    assert lm.quantize_linears_int8(tied_int8) == 7 + 1 and lm.is_int8_linear(tied_int8.get_output_embeddings())
+    assert _weights(tied_int8) == _weights(tied)  # the tied head's int8 copy is not a second embedding
 
     # a tuned profile's draft curve starts only the kind of draft it timed (int8 forwards cost a third)
     import argparse
