@@ -7,9 +7,11 @@ run anyway (its catch-up); the two heads are the measurement's own price, and th
 when the request then runs every step plain. This script times each part on random token ids (the cost does not
 depend on them) for prompts of ``--lengths`` tokens, interleaved, median of ``--repeats`` after one untimed round,
 next to one plain decoding step (a one-token target forward over the same cache), and prints a table with the
-machine in its first line.
+machine in its first line. Each output head is timed on its own over the kept hidden states (a difference of two
+prefills would drown it in their noise).
 
-    python scripts/prompt_measure_cost.py --dtype float32 --cpu-kernels default [--lengths 39,51,134,709]
+    python scripts/prompt_measure_cost.py --dtype float32 [--cpu-kernels auto] [--draft-quantization auto]
+        [--lengths 39,51,134,709]
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 
 from talon_sd import SpeculativeGenerator
 from talon_sd.bench.machine import machine_info
+from talon_sd.config import CPU_KERNELS, DRAFT_QUANTIZATION
 from talon_sd.decoding import agreement_positions
 from talon_sd.drafters.model import ModelDrafter
 
@@ -38,7 +41,8 @@ def measure(generator: SpeculativeGenerator, length: int) -> dict[str, float]:
     prompt = torch.randint(100, 20000, (length,))  # [L]
     context, at = prompt[:-1], agreement_positions(length - 1)  # [L - 1], [K]
     parts = {"target prefill": _seconds(lambda: target.prefill(context))}
-    parts["target prefill + head"] = _seconds(lambda: target.prefill_logits(context, at))
+    states = target.prefill_states(context)  # [L - 1, H]: the same forward, its last hidden states kept
+    parts["target head"] = _seconds(lambda: target.head_logits(states[at]))  # what prefill_logits adds
     parts["plain step"] = _seconds(lambda: target.forward(prompt[-1:]))  # continues the cache
     drafter.start(prompt, None)
     parts["draft forward"] = _seconds(drafter.catch_up)
@@ -50,7 +54,8 @@ def measure(generator: SpeculativeGenerator, length: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--cpu-kernels", default="default", choices=("auto", "packed", "default"))
+    parser.add_argument("--cpu-kernels", default="auto", choices=CPU_KERNELS)
+    parser.add_argument("--draft-quantization", default="auto", choices=DRAFT_QUANTIZATION)
     parser.add_argument("--lengths", default="39,51,134,709", help="comma-separated prompt lengths in tokens")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--device", default=None)
@@ -62,7 +67,9 @@ def main() -> None:
     print(f"machine: {info['cpu']}, bf16 native: {info['bf16_native']}, GPU: {info['cuda'] or 'none'}, "
           f"torch {torch.__version__}, {info['torch_threads']} threads, load average {info['load_average']}; "
           f"{args.dtype}, cpu kernels {args.cpu_kernels}")
-    generator = SpeculativeGenerator(dtype=args.dtype, device=args.device, cpu_kernels=args.cpu_kernels)
+    generator = SpeculativeGenerator(dtype=args.dtype, device=args.device, cpu_kernels=args.cpu_kernels,
+                                     draft_quantization=args.draft_quantization)
+    print(f"cpu kernels (what ran): {generator.cpu_kernels}")
     rounds: dict[int, list[dict[str, float]]] = {length: [] for length in lengths}
     for repeat in range(args.repeats + 1):  # round 0 is untimed
         for length in lengths:
@@ -74,7 +81,7 @@ def main() -> None:
     print("|" + "---|" * 11)
     for length in lengths:
         median = {key: statistics.median(parts[key] for parts in rounds[length]) for key in rounds[length][0]}
-        head_target = max(0.0, median["target prefill + head"] - median["target prefill"])
+        head_target = median["target head"]
         heads = head_target + median["draft head"]
         extra = heads + median["draft forward"]
         step = median["plain step"]

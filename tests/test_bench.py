@@ -158,20 +158,27 @@ def test_bench_in_sampling_mode_from_python(generator):
 
 
 def test_speedup_at_ars_lengths_keeps_the_prefill_whole_and_scales_the_decoding():
-    # Sampling: ar wrote 100 tokens in 60 s (20 s of prefill), talon 50 in 35 s (20 s of prefill, 15 s decoding).
-    # tokens/s reads 0.71x; at ar's length talon would take 20 + 15 * 100 / 50 = 50 s: 60 / 50 = 1.2x.
-    def record(label: str, tokens: int, seconds: float, prefill: float | None) -> SampleRecord:
+    # Sampling. Prompt 0: ar wrote 100 tokens in 60 s (20 s of prefill), talon 50 in 35 s (20 s of prefill, 15 s
+    # decoding): tokens/s reads 0.857x; at ar's length talon would take 20 + 15 * 100 / 50 = 50 s. Prompt 1: ar 20
+    # tokens in 12 s (2 s of prefill), talon 40 in 18 s (3 s of prefill): at ar's length 3 + 15 * 20 / 40 = 10.5 s.
+    # Prompt 2: talon wrote no token (left out); prompt 3: ar has no sample (left out).
+    def record(index: int, label: str, tokens: int, seconds: float, prefill: float | None) -> SampleRecord:
         stats = None if prefill is None else DecodeStats(method=label, seconds_prefill=prefill)
-        return SampleRecord(index=0, dataset="sum", question_id="1", turn=1, label=label, method=label,
+        return SampleRecord(index=index, dataset="sum", question_id=str(index), turn=1, label=label, method=label,
                             prompt_tokens=700, seed=0, outcome=Outcome(list(range(tokens)), seconds, stats), text="",
                             identical_to_ar=None)
 
     variants = bench_variants(["talon", "hf"])
-    records = [record("ar", 100, 60.0, 20.0), record("talon", 50, 35.0, 20.0), record("hf", 100, 55.0, None)]
+    records = [record(0, "ar", 100, 60.0, 20.0), record(0, "talon", 50, 35.0, 20.0), record(0, "hf", 100, 55.0, None),
+               record(1, "ar", 20, 12.0, 2.0), record(1, "talon", 40, 18.0, 3.0),
+               record(2, "ar", 30, 15.0, 2.0), record(2, "talon", 0, 2.5, 2.5), record(3, "talon", 10, 5.0, 1.0)]
     rows = {row["label"]: row for row in summarize(records, variants, greedy=False)}
-    assert rows["talon"]["speedup"] == pytest.approx((50 / 35) / (100 / 60), abs=1e-4)
-    assert rows["talon"]["speedup_same_length"] == pytest.approx(1.2)
+    assert rows["talon"]["speedup_same_length"] == pytest.approx((60 + 12) / (50 + 10.5), abs=1e-4)
     assert rows["ar"]["speedup_same_length"] == pytest.approx(1.0) and rows["hf"]["speedup_same_length"] is None
+    only = [r for r in records if r.index == 0 and r.label != "hf"]
+    row = {row["label"]: row for row in summarize(only, variants, greedy=False)}["talon"]
+    assert row["speedup"] == pytest.approx((50 / 35) / (100 / 60), abs=1e-4)  # 0.857x by tokens/s
+    assert row["speedup_same_length"] == pytest.approx(1.2)
 
 
 def test_the_warm_up_teaches_the_online_controllers_nothing(generator, monkeypatch):

@@ -155,12 +155,32 @@ def test_the_loop_measures_the_prompts_agreement_where_the_controller_asks(llama
     prior = controller.prompt_prior
     assert prior["agreement"] == pytest.approx(agreement, abs=1e-4)
     assert stats.prompt_agreement == pytest.approx(agreement) and stats.prompt_started_plain == bool(pairs)
+    assert stats.to_dict()["carried_released_after"] is None  # a first sequence carries nothing to release
     assert prior["started_plain"] == bool(pairs) and controller.choice == (1 if pairs else 6)
     assert controller.asked[0] == (0, 40)  # the prompt is in the draft's cache before the first step
     assert not any(controller.caught_up_apart)
     # design 38: that prompt forward is the controller's catch-up sample at the prompt's size (the plain steps here
     # leave at most 3 tokens to catch up: buckets up to 4)
     assert _bucket(len(prompt) - 1) == 8 and 8 in controller.catch_up_cost.samples
+
+
+def test_the_loop_records_when_the_controller_released_its_carried_samples(llama_pair):
+    """Designs 8 and 47: the stats say after how many drafted steps the controller let the carried samples go (what
+    the controller's ``released_after`` reads at the end), here a controller that lets go at its third step."""
+    from helpers import CyclingController
+
+    class Releasing(CyclingController):
+        def observe(self, record) -> None:
+            super().observe(record)
+            if len(self.budgets) == 3:
+                self._released_at = 2
+
+    target, draft = llama_pair
+    controller = Releasing()
+    tokens, stats = run(target, make_drafter("model", draft, VOCAB), TreeConfig("talon", budget="auto", topk=4),
+                        PROMPTS[1], 20, controller=controller)
+    assert tokens == plain_greedy(target, PROMPTS[1], 20)
+    assert controller.released_after == 2 and stats.to_dict()["carried_released_after"] == 2
 
 
 def test_the_prompt_measurements_catch_up_sample_leaves_the_output_head_out(llama_pair, monkeypatch):

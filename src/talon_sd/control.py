@@ -138,7 +138,8 @@ Design ("Improvement" marks where this goes past the obvious recipe)
 
 8. Change points and bounded exploration. (a) A new sequence's first ``release_steps`` drafted steps are
    compared with the carried samples at the largest budget they all inform; when their mean committed
-   tokens differ by more than ``release_ratio`` (1.5) and by more than ``RELEASE_Z`` standard errors, the
+   tokens differ by more than ``release_ratio`` (1.5) and by more than ``RELEASE_Z`` standard errors (or, design
+   47, all of them accepted nothing and a run that long is unlikely among the carried steps), the
    text has changed (code -> news summary) and the carried samples are scaled down to one step's weight
    in all: the sequence's own steps decide from then on, while budgets it has not tried keep what the
    carried probes said of them. The motivating run: hostile float32, sum after humaneval (0.77x of ar):
@@ -692,16 +693,17 @@ a timed sum-then-qa run read qa 0.922 but sum 0.939, where design 34 read 0.877 
 47. A run of own steps that accepted nothing releases the carried samples (design 8's change point, one-sided). Design
    8's z-test reads the carried samples' spread of committed tokens, which is wide where a text drafts well in
    stretches (sum at N = 24 on the real pair: 1 to 15 tokens a step), so a short answer on which the draft is never
-   right drafted 3-4 steps at the carried choice before the test fired: on the AVX2-only EPYC in float32 with the int8
-   draft (talon bench, 3 timed runs a turn), qa 321 opened on sum's 24 nodes, its first four steps accepted nothing at
-   about 1.3-1.75 s each against a 0.48 s plain step, and the request ran at 0.73x of ``ar``. Now, while every own
+   right drafted 3-4 steps at the carried choice before the choice fell: on the AVX2-only EPYC in float32 with the
+   int8 draft (talon bench, 3 timed runs a turn), qa 321 opened on sum's 24 nodes and ran four 24-node steps, three
+   of which accepted nothing, at about 1.3-1.75 s each against a 0.48 s plain step; the request ran at 0.73x of
+   ``ar``. Now, while every own
    drafted step of a new sequence accepted nothing at the largest budget they all inform, the carried samples' weighted
    share q of steps that accepted nothing there (with half a step's pseudo-count over one step more, so q > 0) makes
-   a run of k such steps as likely as q ** k on the carried text; below :data:`RELEASE_NOTHING_P` (5%) the samples are
+   a run of k such steps as likely as q ** k on the carried text; below ``release_nothing_p`` (5%) the samples are
    released as in design 8. Two steps release where fewer than 22% of the carried steps accepted nothing. Synthetic
-   (tests/test_control.py: easy and middling stretches on the AVX2 curves, then a 24-token answer the draft never
-   gets; 16 seeds): 38 -> 27 drafted steps in all, 0.831 -> 0.871 of plain decoding; on unchanged text no release at
-   any threshold up to 10%. ``scripts/controller_scenarios.py`` (8 seeds) unchanged but for bf16 chat (mean 1.394 ->
+   (the world of tests/test_control.py's test: easy and middling stretches on the AVX2 curves, then a 24-token answer
+   the draft never gets; 16 seeds, the test runs 8): 38 -> 27 drafted steps in all, 0.831 -> 0.871 of plain decoding;
+   on unchanged text no release at any threshold up to 10%. ``scripts/controller_scenarios.py`` (8 seeds) unchanged but for bf16 chat (mean 1.394 ->
    1.396) and the Intel bf16 chat with slow spells (mean 0.992 -> 0.994, worst seed 0.982 -> 0.979); replays of the
    recorded trees unchanged on the AVX2 costs (float32 or int8 draft) and within noise on the EPYC's bf16 costs (all
    0.982 -> 0.983). 2% changed the same synthetic world less (32 drafted steps).
@@ -757,8 +759,6 @@ PRIOR_SAMPLE_MAX = 32  # ... an interval that doubles after each sample that dra
 FAR_VERIFY_RATIO = 1.75  # design 30 acts where verifying the first step's tree costs this many plain verifies or more
 # (at the new prompt's context; 1.5 before design 34)
 CHECK_VERIFY_RATIO = 1.5  # design 46 checks a carried choice where its tree costs this many plain verifies or more
-RELEASE_NOTHING_P = 0.05  # design 47: own steps that all accepted nothing release the carried samples where a run this
-# long is this unlikely among them
 CHECK_MARGIN = 0.1  # ... and leaves it when its drafted steps ran more than this much slower than the plain step
 NEW_COMMAND_MARGIN = 1.25  # a new command keeps the carried drafted choice only if it beat plain by this factor (design 27)
 CHILD_PRIOR_SHARE = 0.7  # prior: an accepted, expanded node has one of its drafted children accepted 70% of the time
@@ -1034,6 +1034,8 @@ class ControllerSettings:
     release_ratio           a new sequence's carried samples are released (weighed as one step) once its own
                             drafted steps' mean committed tokens differ from theirs by more than this factor
     release_steps           ... judged from this many of its own drafted steps on
+    release_nothing_p       ... or while all of those steps accepted nothing, once a run that long is less likely than
+                            this among the carried steps (design 47; 0: never; math.inf release_ratio: neither)
     exploration_share       a trial starts only while the seconds trials lost against the choice's rate are at
                             most this share of the seconds observed (bounded regret, design 8) ...
     exploration_half_life   ... both counted with weights halving every this many steps (math.inf: all alike)
@@ -1100,6 +1102,7 @@ class ControllerSettings:
     trial_cost_share: float = 0.05
     release_ratio: float = 1.5
     release_steps: int = 2
+    release_nothing_p: float = 0.05
     exploration_share: float = 0.05
     exploration_half_life: float = 64.0
     predict_trials: bool = True
@@ -1147,6 +1150,8 @@ class ControllerSettings:
         _check_number("trial_cost_share", self.trial_cost_share, "a number >= 0", lambda x: x >= 0)
         _check_number("release_ratio", self.release_ratio, "a number > 1 (math.inf: never release)",
                       lambda x: x > 1, infinite_ok=True)
+        _check_number("release_nothing_p", self.release_nothing_p, "a number in [0, 1] (0: no design 47)",
+                      lambda x: 0 <= x <= 1)
         _check_number("exploration_half_life", self.exploration_half_life, "a number > 0 (math.inf: no decay)",
                       lambda x: x > 0, infinite_ok=True)
         _check_number("exploration_share", self.exploration_share, "a number >= 0 (math.inf: no bound)",
@@ -1848,6 +1853,12 @@ class BudgetController:
             self._version += 1
 
     @property
+    def released_after(self) -> int | None:
+        """This sequence's own drafted steps after which its carried samples were released (designs 8 and 47), or
+        None."""
+        return self._released_at
+
+    @property
     def reason(self) -> str:
         """Why the planned (or last planned) step got its budget: a key of :data:`REASONS`."""
         return self._reason
@@ -2341,7 +2352,11 @@ class BudgetController:
         them inform; if the two differ by more than ``release_ratio`` and by more than ``RELEASE_Z`` standard
         errors (the carried samples' standard deviation, floored at one token, over the square root of the
         own steps' count) the text has changed, and the carried samples are scaled down to one step's
-        weight in all (they still say something of budgets this sequence has not tried)."""
+        weight in all (they still say something of budgets this sequence has not tried). Design 47, one-sided:
+        while every own step accepted nothing there (committed one token), it has changed too once q ** k <
+        ``release_nothing_p``, with k the own steps and q the carried samples' weighted share of steps that accepted
+        nothing there, (weight + 0.5) / (total + 1). A budget that informs fewer candidates (a trial of a smaller tree)
+        narrows the budget read, for both tests alike."""
         settings = self.settings
         if self._released_at is not None or self._sequence_start == 0 or len(self._own_outcomes) < settings.release_steps:
             return
@@ -2361,11 +2376,11 @@ class BudgetController:
         standard_error = math.sqrt(max(squares / weight - carried * carried, 1.0) / len(self._own_outcomes))
         changed = (max(own / carried, carried / own) > settings.release_ratio
                    and abs(own - carried) > RELEASE_Z * standard_error)
-        if not changed and own == 1.0 and carried > 1.0:  # design 47: every own step accepted nothing
+        if not changed and own == 1.0 and carried > 1.0 and math.isfinite(settings.release_ratio):  # design 47
             nothing = sum(self._age_weight(sample) for sample in self._samples[index]
                           if sample.index < start and sample.outcomes[index][0] == 1)
             share = (nothing + 0.5) / (weight + 1.0)  # the carried steps' share that accepted nothing
-            changed = share ** len(self._own_outcomes) < RELEASE_NOTHING_P
+            changed = share ** len(self._own_outcomes) < settings.release_nothing_p
         if changed:
             self._released_at = len(self._own_outcomes)
             self._cap_carried_weight(1.0)

@@ -123,6 +123,7 @@ def decode(pipeline: Pipeline, prompt_ids: torch.Tensor, stop: StopCondition, st
                 pipeline.controller.observe(step_record(builder, tree, acceptance, forwards, plan, verify_seconds,
                                                         step_seconds - forwards.seconds - verify_seconds,
                                                         target_confidence(logits, acceptance), context))
+                stats.carried_released_after = pipeline.controller.released_after
             # 6. emit, stopping inside the path if needed
             for token in acceptance.new_tokens:
                 yield token

@@ -255,7 +255,9 @@ def write_markdown(results: dict, out_dir: pathlib.Path, plot_files: Sequence[pa
     parts += ["", "## Speedup over `ar` (tokens/s ratio; `ar` is our loop's plain decoding)", "", _speedup_matrix(results)]
     parts += ["", "## Details", "",
               "tok/s = new tokens / wall seconds (prefill included); median = median of per-prompt ratios to "
-              "`ar`; MAT = committed tokens per target forward (bonus included); delta = draft forwards per "
+              "`ar`; same len = `ar`'s seconds over the method's at `ar`'s output lengths (each sample's prefill "
+              "kept, the rest scaled by `ar`'s tokens over its own; the speedup where the outputs are as long); "
+              "MAT = committed tokens per target forward (bonus included); delta = draft forwards per "
               "target forward; draft / build / verify = shares of wall time; width = mean nodes per depth "
               "per step; same as ar = greedy outputs identical to `ar`.", "", _details_table(rows)]
     parts += ["", "## Acceptance per depth", "",

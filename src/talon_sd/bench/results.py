@@ -37,7 +37,8 @@
                                         # prefill plus its decoding seconds scaled by ar's new tokens over its own
                                         # (sampling ends answers at other lengths, and tokens/s then weighs a long
                                         # prompt's prefill by the length drawn); equals speedup where the outputs
-                                        # are as long as ar's (greedy); null without prefill seconds (hf)
+                                        # are as long as ar's (greedy); null without prefill seconds (hf);
+                                        # samples that wrote no token are left out
          "identical_to_ar",             # greedy: share of samples whose token ids equal ar's; else null
          # our loop's methods only (null for hf, hf-assisted):
          "mat", "delta",                # committed tokens / target forwards; draft forwards / target forwards
@@ -124,10 +125,14 @@ def _summary_row(dataset: str, variant: Variant, group: list[SampleRecord], base
 
 def _speedup_same_length(group: list[SampleRecord], baseline: list[SampleRecord]) -> float | None:
     """Sum of ar's seconds over the sum of the group's seconds at ar's lengths (``speedup_same_length`` above),
-    over the samples both have; None where a sample has no prefill seconds or no new tokens."""
+    over the samples both have and the group's sample wrote a token in; None where a sample has no prefill seconds
+    (hf) or no pair is left. Everything after the prefill is scaled, a request's fixed costs too (a drafted request's
+    first catch-up over its prompt): a short sampled answer with such a cost reads slower than it is."""
+    if any(r.outcome.stats is None for r in group):
+        return None
     base = {(r.index, r.dataset): r for r in baseline}
-    pairs = [(r, base[(r.index, r.dataset)]) for r in group if (r.index, r.dataset) in base]
-    if not pairs or any(r.outcome.stats is None or r.new_tokens == 0 for r, _ in pairs):
+    pairs = [(r, base[(r.index, r.dataset)]) for r in group if (r.index, r.dataset) in base and r.new_tokens > 0]
+    if not pairs:
         return None
     scaled = 0.0
     for record, ar in pairs:
