@@ -101,12 +101,12 @@ HARDWARE = {
                                 0.009),
     # the same CPU kind, float32 packed target and the draft's linears in int8 (2026-12-03: scripts/forward_costs.py
     # --variants float32:auto:int8; scripts/prompt_measure_cost.py: a 709-token prompt's draft forward 2.8 s (4 ms a
-    # token), its target prefill 17.1 s (1.25 s at 39 tokens, 2.8 s at 134: the linear fit reads 3.5 there), both heads
-    # 5.5-7.3 ms a prompt row at 39 and 134 tokens). Acceptance replayed is the float32 draft's: the int8 draft agrees
+    # token), its target prefill 17.1 s (1.3 s at 39 tokens, 3.0 s at 134: the linear fit reads 3.5 there), both heads
+    # 6-8 ms a prompt row, each timed apart). Acceptance replayed is the float32 draft's: the int8 draft agrees
     # with the target a little less often (61% of argmaxes against 66%)
     "avx2-fp32-int8": Hardware({1: 406, 2: 610, 4: 647, 8: 688, 16: 875, 24: 971, 32: 1130, 64: 1913},
                                {1: 54, 2: 58, 4: 61, 8: 72, 16: 112, 24: 148, 32: 192, 64: 364}, 0.015, 0.004, 0.3,
-                               0.024, 0.006),
+                               0.024, 0.007),
     # the same AVX512-BF16 EPYC in float32 with the default kernels (issue 11's hostile case; 2026-12-02:
     # scripts/forward_costs.py --variants float32:default; the target's prefill fitted to the hostile run's ar
     # requests (docs/bench/online-fp32-hostile-d45: 1.3-1.6 s at 36-44 tokens, 13.6-15.2 s at 664-709); the draft's
