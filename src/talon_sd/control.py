@@ -696,17 +696,17 @@ a timed sum-then-qa run read qa 0.922 but sum 0.939, where design 34 read 0.877 
    right drafted 3-4 steps at the carried choice before the choice fell: on the AVX2-only EPYC in float32 with the
    int8 draft (talon bench, 3 timed runs a turn), qa 321 opened on sum's 24 nodes and ran four 24-node steps, three
    of which accepted nothing, at about 1.3-1.75 s each against a 0.48 s plain step; the request ran at 0.73x of
-   ``ar``. Now, while every own
-   drafted step of a new sequence accepted nothing at the largest budget they all inform, the carried samples' weighted
-   share q of steps that accepted nothing there (with half a step's pseudo-count over one step more, so q > 0) makes
-   a run of k such steps as likely as q ** k on the carried text; below ``release_nothing_p`` (5%) the samples are
-   released as in design 8. Two steps release where fewer than 22% of the carried steps accepted nothing. Synthetic
-   (the world of tests/test_control.py's test: easy and middling stretches on the AVX2 curves, then a 24-token answer
-   the draft never gets; 16 seeds, the test runs 8): 38 -> 27 drafted steps in all, 0.831 -> 0.871 of plain decoding;
-   on unchanged text no release at any threshold up to 10%. ``scripts/controller_scenarios.py`` (8 seeds) unchanged but for bf16 chat (mean 1.394 ->
-   1.396) and the Intel bf16 chat with slow spells (mean 0.992 -> 0.994, worst seed 0.982 -> 0.979); replays of the
-   recorded trees unchanged on the AVX2 costs (float32 or int8 draft) and within noise on the EPYC's bf16 costs (all
-   0.982 -> 0.983). 2% changed the same synthetic world less (32 drafted steps).
+   ``ar``. Now, while every own drafted step of a new sequence accepted nothing at the largest budget they all inform,
+   the carried samples' weighted share q of steps that accepted nothing there (with half a step's pseudo-count over
+   one step more, so q > 0) makes a run of k such steps as likely as q ** k on the carried text; below
+   ``release_nothing_p`` (5%) the samples are released as in design 8. Two steps release where fewer than 22% of the
+   carried steps accepted nothing. Synthetic (the world of tests/test_control.py's test: easy and middling stretches
+   on the AVX2 curves, then a 24-token answer the draft never gets; 16 seeds, the test runs 8): 38 -> 27 drafted steps
+   in all, 0.831 -> 0.871 of plain decoding; on unchanged text no release at any threshold up to 10%.
+   ``scripts/controller_scenarios.py`` (8 seeds) unchanged but for bf16 chat (mean 1.394 -> 1.396) and the Intel bf16
+   chat with slow spells (mean 0.992 -> 0.994, worst seed 0.982 -> 0.979); replays of the recorded trees unchanged on
+   the AVX2 costs (float32 or int8 draft) and within noise on the EPYC's bf16 costs (all 0.982 -> 0.983). 2% changed
+   the same synthetic world less (32 drafted steps).
 
 Not modelled: keep_growing looks one layer ahead;
 a step stopped early by keep_growing is taken to be what every larger budget would have built (true
@@ -2365,11 +2365,12 @@ class BudgetController:
             return
         own = sum(outcomes[index][0] for outcomes in self._own_outcomes) / len(self._own_outcomes)
         start = self._sequence_start
-        weight = tokens = squares = 0.0
+        weight = tokens = squares = nothing = 0.0  # nothing: the weight of carried steps that accepted nothing
         for sample in self._samples[index]:
             if sample.index < start:
                 w, committed = self._age_weight(sample), sample.outcomes[index][0]
                 weight, tokens, squares = weight + w, tokens + w * committed, squares + w * committed * committed
+                nothing += w if committed == 1 else 0.0
         if weight < 1.0:  # too little carried to disagree with
             return
         carried = tokens / weight
@@ -2377,8 +2378,6 @@ class BudgetController:
         changed = (max(own / carried, carried / own) > settings.release_ratio
                    and abs(own - carried) > RELEASE_Z * standard_error)
         if not changed and own == 1.0 and carried > 1.0 and math.isfinite(settings.release_ratio):  # design 47
-            nothing = sum(self._age_weight(sample) for sample in self._samples[index]
-                          if sample.index < start and sample.outcomes[index][0] == 1)
             share = (nothing + 0.5) / (weight + 1.0)  # the carried steps' share that accepted nothing
             changed = share ** len(self._own_outcomes) < settings.release_nothing_p
         if changed:

@@ -123,7 +123,6 @@ def decode(pipeline: Pipeline, prompt_ids: torch.Tensor, stop: StopCondition, st
                 pipeline.controller.observe(step_record(builder, tree, acceptance, forwards, plan, verify_seconds,
                                                         step_seconds - forwards.seconds - verify_seconds,
                                                         target_confidence(logits, acceptance), context))
-                stats.carried_released_after = pipeline.controller.released_after
             # 6. emit, stopping inside the path if needed
             for token in acceptance.new_tokens:
                 yield token
@@ -131,6 +130,8 @@ def decode(pipeline: Pipeline, prompt_ids: torch.Tensor, stop: StopCondition, st
                     return
             root = acceptance.bonus_token
     finally:
+        if pipeline.controller is not None:
+            stats.carried_released_after = pipeline.controller.released_after
         stats.finish(len(stop.tokens))
 
 
