@@ -22,7 +22,9 @@ fixed budget (median), and auto's reasons.
     python scripts/replay_positions.py ... --hardware epyc-fp32-default --limit 2 --bar 1 --fixed 1,4,8,16   # the hostile bench
 
 (``docs/bench/online-sweep13/positions.jsonl.gz``: the 35 prompt turns of sweep 13, trees of 32 nodes, bf16 on the
-Intel Xeon; recorded in 70 minutes.)
+Intel Xeon; recorded in 70 minutes. ``docs/bench/online-avx2-fp32-int8-positions/positions.jsonl.gz``: the float32
+answers of the AVX2-only EPYC with the int8 draft, 21 turns (6 datasets x 3 prompts), trees of 32 nodes, with its
+``prompt_agreement.json`` for ``--agreement``; replay it with ``--hardware avx2-fp32-int8``.)
 
 Budgets above the recorded tree size are cut to it (the controller's ``max_budget`` is the recorded size).
 """
