@@ -1,11 +1,12 @@
 """What a tree verify costs inside the decoding loop, by tree size, against the same forward on its own.
 
 ``scripts/forward_costs.py`` times one target forward over a tree in isolation; the controller and the replays price
-steps with such curves. This script times every target verify forward of real generations (TALON at a fixed ``--budget``
-or at ``auto``, the first ``--limit`` prompts of ``--datasets``) and prints each request's (tree size, seconds) and the
-median seconds per tree size; with ``--interleave`` it instead times, in one process over a ``--context``-token cache,
-a 1-node and a 16-node verify alone, right after four int8 draft forwards of width 4, and after 0.3 s idle (docs/
-BENCHMARKS.md section 5, "This CPU's own texts recorded": whether a drafted step's verify costs more in the loop).
+steps with such curves. This script times every target verify forward of real generations (TALON at a fixed
+``--budget`` or at ``auto``, the first ``--limit`` prompts of ``--datasets``, after an untimed 8-token warm-up) and
+prints each request's (tree size, seconds) and the median seconds per tree size; with ``--interleave`` it instead
+times, in one process over a ``--context``-token cache, a 1-node and a 16-node verify alone, right after four int8
+draft forwards of width 4, and after 0.3 s idle (docs/BENCHMARKS.md section 5, "This CPU's own texts recorded":
+whether a drafted step's verify costs more in the loop).
 
     python scripts/loop_verify_costs.py --budget 16 --datasets qa,alpaca --limit 3 --max-new-tokens 24 --rounds 2
     python scripts/loop_verify_costs.py --budget auto --datasets humaneval,sum,qa,alpaca --limit 2 --max-new-tokens 48
@@ -38,11 +39,13 @@ def in_loop(generator: SpeculativeGenerator, args) -> None:
         log.append((tree.size, time.perf_counter() - started))
         return out
 
+    prompts = load_prompts(args.datasets.split(","), limit=args.limit)
+    generator.generate(input_ids=prompt_ids(generator, prompts[0], [], 0).tolist(), max_new_tokens=8)  # warm-up, untimed
     CausalLM.forward_tree = timed
     by_size = collections.defaultdict(list)
     try:
         for round_ in range(args.rounds):
-            for prompt in load_prompts(args.datasets.split(","), limit=args.limit):
+            for prompt in prompts:
                 log.clear()
                 generator.generate(input_ids=prompt_ids(generator, prompt, [], 0).tolist(),
                                    max_new_tokens=args.max_new_tokens)

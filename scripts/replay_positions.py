@@ -23,7 +23,8 @@ fixed budget (median), and auto's reasons.
 
 (``docs/bench/online-sweep13/positions.jsonl.gz``: the 35 prompt turns of sweep 13, trees of 32 nodes, bf16 on the
 Intel Xeon; recorded in 70 minutes. ``docs/bench/online-avx2-fp32-int8-positions/positions.jsonl.gz``: the float32
-answers of the AVX2-only EPYC with the int8 draft, 21 turns (6 datasets x 3 prompts), trees of 32 nodes, with its
+answers of the AVX2-only EPYC with the int8 draft, 18 prompts (6 datasets x 3), 21 turns with MT-Bench's second
+turns, trees of 32 nodes, with its
 ``prompt_agreement.json`` for ``--agreement``; replay it with ``--hardware avx2-fp32-int8``.)
 
 Budgets above the recorded tree size are cut to it (the controller's ``max_budget`` is the recorded size).
@@ -104,8 +105,9 @@ HARDWARE = {
     # the same CPU kind, float32 packed target and the draft's linears in int8 (2026-12-03: scripts/forward_costs.py
     # --variants float32:auto:int8; scripts/prompt_measure_cost.py: a 709-token prompt's draft forward 2.8 s (4 ms a
     # token), its target prefill 17.1 s (1.3 s at 39 tokens, 3.0 s at 134: the linear fit reads 3.5 there), both heads
-    # 6-8 ms a prompt row, each timed apart). Acceptance replayed is the float32 draft's: the int8 draft agrees
-    # with the target a little less often (61% of argmaxes against 66%)
+    # 6-8 ms a prompt row, each timed apart). On sweep 13's trees the acceptance replayed is the float32 draft's (the
+    # int8 draft agrees with the target a little less often: 61% of argmaxes against 66%); the trees of
+    # docs/bench/online-avx2-fp32-int8-positions were drafted by the int8 draft itself
     "avx2-fp32-int8": Hardware({1: 406, 2: 610, 4: 647, 8: 688, 16: 875, 24: 971, 32: 1130, 64: 1913},
                                {1: 54, 2: 58, 4: 61, 8: 72, 16: 112, 24: 148, 32: 192, 64: 364}, 0.015, 0.004, 0.3,
                                0.024, 0.007),
