@@ -24,8 +24,8 @@ fixed budget (median), and auto's reasons.
 (``docs/bench/online-sweep13/positions.jsonl.gz``: the 35 prompt turns of sweep 13, trees of 32 nodes, bf16 on the
 Intel Xeon; recorded in 70 minutes. ``docs/bench/online-avx2-fp32-int8-positions/positions.jsonl.gz``: the float32
 answers of the AVX2-only EPYC with the int8 draft, 18 prompts (6 datasets x 3), 21 turns with MT-Bench's second
-turns, trees of 32 nodes, with its
-``prompt_agreement.json`` for ``--agreement``; replay it with ``--hardware avx2-fp32-int8``.)
+turns, trees of 32 nodes, with its ``prompt_agreement.json`` for ``--agreement``; replay it with ``--hardware
+avx2-fp32-int8``.)
 
 Budgets above the recorded tree size are cut to it (the controller's ``max_budget`` is the recorded size).
 """
