@@ -567,7 +567,8 @@ def test_a_carried_drafted_choice_is_checked_against_a_plain_step_on_the_new_tex
     for seed in range(8):
         plain = simulate(chat, None, 1, seed=100 + seed, prompt=40, tokens=128).rate()
         for steps, rates_of in ((ControllerSettings().plain_check_steps, checked), (0, unchecked)):
-            controller = BudgetController(ControllerSettings(plain_check_steps=steps))
+            # design 51's early check off: this test times design 46's check (the early one: the test after)
+            controller = BudgetController(ControllerSettings(plain_check_steps=steps, early_check_steps=0))
             simulate(stale, None, controller, seed=seed, prompt=40, tokens=128)
             assert controller.choice > 1
             follower = controller.for_next_sequence()
@@ -597,6 +598,65 @@ def test_a_carried_drafted_choice_is_checked_against_a_plain_step_on_the_new_tex
     assert budgets[0] == budgets[1] and max(budgets[0]) > 1
 
 
+def test_a_carried_drafted_choice_that_drafts_clearly_slower_is_checked_after_two_steps():
+    # Design 51. On the AVX2 curves, a text that drafts well in stretches (two middling steps, two easy ones) ends on a
+    # large drafted choice; the next request is a 24-token answer on which the draft is right 40% of the time, so every
+    # drafted budget loses to plain decoding and some steps accept tokens (design 47 does not act). Design 46's check
+    # waits for 5 own drafted steps; the early check comes after 2 when they ran more than 20% below rate(1).
+    verify, draft = measured_curve(AVX2_FP32_MS["target"]), measured_curve(AVX2_FP32_MS["draft"])
+    easy = World(verify=verify, draft=draft, other=0.005, agree=0.995, confidence=(0.95, 0.999), catch_up=0.002)
+    middling = World(verify=verify, draft=draft, other=0.005, agree=0.8, confidence=(0.6, 0.9), catch_up=0.002)
+    poor = World(verify=verify, draft=draft, other=0.005, agree=0.4, confidence=(0.5, 0.95), catch_up=0.002)
+    rates = fixed_rates(poor, 200)
+    assert max(rate for budget, rate in rates.items() if budget > 1) < 0.8 * rates[1]
+
+    def stretches(step: int) -> World:
+        return middling if step % 4 < 2 else easy
+
+    early_steps, late_steps = ControllerSettings().early_check_steps, ControllerSettings().plain_check_steps
+    assert 0 < early_steps < late_steps
+    drafted, relative, same_text, left_early, opened_drafted = {}, {}, {}, 0, 0
+    for early in (early_steps, 0):
+        drafted[early], relative[early], same_text[early] = [], [], []
+        for seed in range(8):
+            controller = BudgetController(ControllerSettings(early_check_steps=early))
+            simulate(stretches, None, controller, seed=seed, prompt=40, tokens=128)
+            opened_drafted += controller.choice > 1
+            follower = controller.for_next_sequence()
+            run = simulate(poor, None, follower, seed=100 + seed, prompt=40, tokens=24)
+            drafted[early].append(sum(budget > 1 for budget in run.budgets))
+            relative[early].append(run.rate() / simulate(poor, None, 1, seed=100 + seed, prompt=40, tokens=24).rate())
+            assert run.reasons.count("plain-check") <= 1
+            if "plain-check" in run.reasons:
+                at = run.reasons.index("plain-check")  # never before early_check_steps own drafted steps
+                own = sum(budget > 1 for budget in run.budgets[:at])
+                assert run.budgets[at] == 1 and own >= (early or late_steps)
+                left_early += own < late_steps and follower.summary()["plain_checks"].get("plain", 0) == 1
+            same = controller.for_next_sequence()  # the same text again: its opening steps are the middling ones
+            again = simulate(stretches, None, same, seed=200 + seed, prompt=40, tokens=64)
+            same_text[early].append(again.rate() / simulate(stretches, None, 1, seed=200 + seed, prompt=40,
+                                                              tokens=64).rate())
+    assert opened_drafted >= 8  # of 16 requests (the first request of some seeds ends plain)
+    assert left_early >= 3  # checks before the fifth drafted step that went plain
+    assert all(a <= b for a, b in zip(drafted[early_steps], drafted[0])), drafted
+    assert sum(drafted[early_steps]) <= sum(drafted[0]) - 4, drafted
+    assert statistics.mean(relative[early_steps]) > statistics.mean(relative[0]) + 0.02, relative
+    # the price, on a text that opens poorly and then drafts well: a false leave gives up the speed-up, not more
+    assert statistics.mean(same_text[early_steps]) > 1.0 and min(same_text[early_steps]) > 0.9, same_text
+    assert statistics.mean(same_text[early_steps]) <= statistics.mean(same_text[0]), same_text
+    # where verification is flat (bf16) no check runs, early or not: the same budgets either way
+    bf16 = measured_curve(CPU_FACTS_MS["bf16"])
+    world = World(verify=bf16, draft=lambda width: 0.3 * bf16(width), other=0.005, catch_up=0.002, agree=0.4,
+                  confidence=(0.5, 0.95))
+    budgets = []
+    for early in (early_steps, 0):
+        controller = BudgetController(ControllerSettings(early_check_steps=early))
+        simulate(World(verify=bf16, draft=lambda width: 0.3 * bf16(width), other=0.005, catch_up=0.002, **CODE), None,
+                 controller, prompt=40, tokens=128)
+        budgets.append(simulate(world, None, controller.for_next_sequence(), seed=1, prompt=40, tokens=24).budgets)
+    assert budgets[0] == budgets[1] and max(budgets[0]) > 1
+
+
 def test_a_carried_drafted_choice_whose_first_steps_accept_nothing_is_released():
     # Design 47. On the AVX2 curves, a text that drafts well in stretches (two easy steps, two middling ones: committed
     # tokens spread wide, a step that accepts nothing rare) ends on a large drafted choice; the next request is a short
@@ -610,7 +670,7 @@ def test_a_carried_drafted_choice_whose_first_steps_accept_nothing_is_released()
     def stretches(step: int) -> World:
         return middling if step % 4 < 2 else easy
 
-    default = ControllerSettings()
+    default = ControllerSettings(early_check_steps=0)  # design 51's early check acts here too (the test before): off
     ways = {"design 47": default, "z-test only": dataclasses.replace(default, release_nothing_p=0.0)}
     drafted, rates, released, kept = {}, {}, {}, {}
     for name, settings in ways.items():
@@ -1042,6 +1102,7 @@ def test_early_stop_can_be_switched_off():
     ("bet_window", 0), ("bet_window", 1.5), ("bet_margin", 0.9), ("bet_margin", math.inf),
     ("prompt_prior_width", -0.01), ("prompt_prior_width", 1.5), ("prompt_prior_width", math.nan),
     ("prompt_gap", -0.1), ("prompt_gap", 2.0), ("prompt_gap", "0.1"), ("paired_plain", 1),
+    ("plain_check_steps", -1), ("plain_check_steps", 1.5), ("early_check_steps", -1), ("early_check_steps", 1.5),
 ])
 def test_bad_settings_name_the_field(field_name, value):
     with pytest.raises(TalonError, match=f"^{field_name}:"):

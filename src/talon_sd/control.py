@@ -708,6 +708,32 @@ a timed sum-then-qa run read qa 0.922 but sum 0.939, where design 34 read 0.877 
    the AVX2 costs (float32 or int8 draft) and within noise on the EPYC's bf16 costs (all 0.982 -> 0.983). 2% changed
    the same synthetic world less (32 drafted steps).
 
+51. An early check where the new text already drafts clearly slower (``early_check_steps``). Design 46's check waits
+   for 5 own drafted steps, and design 47 acts only while every own step accepted nothing; a short answer on which the
+   draft is right now and then pays the carried choice for four or five steps. On the AVX2-only EPYC in float32 with the int8
+   draft (docs/BENCHMARKS.md section 5, medians of three timed runs) qa 321 (24 tokens) opened on sum's 16-20 nodes,
+   two of its five drafted steps accepted 2 tokens and the rest none, about 1 s lost a step: 0.72x of ``ar``, the whole
+   of qa's shortfall (0.91x). Now the check's plain step also comes at or after ``early_check_steps`` (2) own drafted
+   steps (before 5) while their measured rate (catch-up left out) is more than :data:`EARLY_CHECK_SHORTFALL` (20%)
+   below rate(1); such an early check leaves drafting only if their rate is that much below its plain step's, and when
+   it keeps drafting its plain step judges the drafted steps again, with :data:`CHECK_MARGIN`, at the fifth. A check
+   that goes plain (early or not) also counts as a trial's end for design 12: a predicted trial waits
+   ``min_probe_interval`` steps. Timed without that last part (section 5), the check moved qa 321 from five drafted
+   steps to two, but design 12 predicted a 4-node trial at the very next step, from confidences that were still
+   mostly sum's, and its three steps lost most of what the check had saved (0.78x of ``ar``).
+   Two steps cannot tell a poor text from a good text's poor opening: the trade is a loss below plain decoding (what
+   the check removes) against a speed-up given up (what a false leave costs, until trials win it back). Replays of the
+   real pair's recorded trees (``scripts/replay_positions.py``, 8 seeds, median, worst seed in brackets), on the AVX2
+   int8-draft costs: this CPU's texts in the bench's order qa 1.061 -> 1.154 (0.946 -> 1.120), the same sum then qa
+   1.055 -> 1.126, sweep 13's sum then qa 1.134 -> 1.167, sweep 24's sum and qa 1.132 -> 1.136, every other dataset
+   unchanged; on the older AVX2 float32 costs within 0.02 (humaneval 1.548 -> 1.529), on the steep profile qa 0.945 ->
+   0.979; on the EPYC's float32 default kernels qa 0.937 -> 0.948, sum 0.999 -> 0.983, gsm8k 1.218 -> 1.204; on bf16
+   costs identical (verification is not steep: no check runs). ``scripts/controller_scenarios.py`` (16 seeds):
+   unchanged but the Intel float32 T = 1-like code (mean 1.073 -> 1.063 of plain). The adverse synthetic case
+   (tests/test_control.py): a text that opens each request with two middling steps, on which those steps lose to plain
+   decoding, falsely leaves in 3 of 16 requests (mean 1.145 -> 1.086 of plain; those three read 0.93-1.09), while a
+   24-token answer the draft gets 40% right drafts 11 steps instead of 19 over 8 requests (0.876 -> 0.923 of plain).
+
 Not modelled: keep_growing looks one layer ahead;
 a step stopped early by keep_growing is taken to be what every larger budget would have built (true
 up to keep_growing's own dependence on the budget).
@@ -760,6 +786,8 @@ FAR_VERIFY_RATIO = 1.75  # design 30 acts where verifying the first step's tree 
 # (at the new prompt's context; 1.5 before design 34)
 CHECK_VERIFY_RATIO = 1.5  # design 46 checks a carried choice where its tree costs this many plain verifies or more
 CHECK_MARGIN = 0.1  # ... and leaves it when its drafted steps ran more than this much slower than the plain step
+EARLY_CHECK_SHORTFALL = 0.2  # design 51: checked from early_check_steps on while their rate is this much below rate(1),
+# and left when it is this much below the check's plain step's
 NEW_COMMAND_MARGIN = 1.25  # a new command keeps the carried drafted choice only if it beat plain by this factor (design 27)
 CHILD_PRIOR_SHARE = 0.7  # prior: an accepted, expanded node has one of its drafted children accepted 70% of the time
 # why a step got its budget (:attr:`BudgetController.reason`, recorded per step in the decoding stats)
@@ -779,7 +807,7 @@ REASONS = {
     "trial-unpredictable": "a trial from plain was due but the recent text predicts no probe wins (design 12)",
     "trial-postponed": "a trial was due but the probe's last trials lost more than the rest affords (design 11)",
     "trial-short": "a trial was due but the sequence is expected to end within explore_min_tokens tokens (design 24)",
-    "plain-check": "a plain step checking a carried drafted choice on the new text's own steps (design 46)",
+    "plain-check": "a plain step checking a carried drafted choice on the new text's own steps (designs 46, 51)",
 }
 
 
@@ -1076,6 +1104,9 @@ class ControllerSettings:
     plain_check_steps       where verification is steep, a sequence that opened on a carried drafted choice runs one
                             plain step after this many of its own drafted steps and goes plain if they were more than
                             CHECK_MARGIN slower than it (design 46; 0: never)
+    early_check_steps       ... and already from this many (fewer) drafted steps on while their rate is more than
+                            EARLY_CHECK_SHORTFALL below rate(1), leaving drafting if it is that much below the check's
+                            plain step's (design 51; 0: only after plain_check_steps)
     """
 
     max_budget: int = 64
@@ -1121,6 +1152,7 @@ class ControllerSettings:
     paired_plain: bool = True
     reopen_on_fall: bool = True
     plain_check_steps: int = 5
+    early_check_steps: int = 2
 
     def __post_init__(self) -> None:
         for name in ("allow_plain", "early_stop", "predict_trials", "paired_plain", "reopen_on_fall"):
@@ -1138,7 +1170,8 @@ class ControllerSettings:
                           ("probe_levels", 1), ("min_probe_interval", 1), ("cost_samples", 1),
                           ("plain_refresh_interval", 0), ("release_steps", 1), ("confidence_window", 1),
                           ("anchor_gap_steps", 0), ("cost_refresh_interval", 0), ("explore_min_tokens", 0),
-                          ("bet_window", 1), ("plain_check_steps", 0)):
+                          ("bet_window", 1), ("plain_check_steps", 0),
+                          ("early_check_steps", 0)):
             _check_int(name, getattr(self, name), low, f"an integer >= {low}")
         if self.min_steps > self.window:
             raise bad_argument("min_steps", self.min_steps, f"at most window={self.window}")
@@ -1679,6 +1712,7 @@ class BudgetController:
         self._prior: dict | None = None  # what design 29 predicted for this sequence (summary)
         self._own_drafted = [0, 0.0]  # this sequence's drafted steps: committed tokens, seconds
         self._own_catch_up = 0.0  # ... of those seconds, the drafter's catch-up (design 46)
+        self._early_plain: float | None = None  # a kept early check's plain seconds, judged again later (design 51)
         self._plain_checks = Counter()  # design 46: checks by outcome ("kept", "plain")
         self._sequences = 0  # sequences before this one (for_next_sequence)
         self._sample_every = PRIOR_SAMPLE_EVERY  # sequences between two prompt samples (designs 32, 35)
@@ -1718,7 +1752,7 @@ class BudgetController:
             follower._sample_every = (min(2 * self._sample_every, PRIOR_SAMPLE_MAX) if won
                                       else self._sample_every if speed is None else PRIOR_SAMPLE_EVERY)
         follower._agreement, follower._prior, follower._own_drafted = None, None, [0, 0.0]
-        follower._own_catch_up = 0.0
+        follower._own_catch_up, follower._early_plain = 0.0, None
         follower._sequences += 1
         follower._planned = None
         follower._previous_plain = True  # the new sequence's drafter starts with its prompt to forward
@@ -2073,6 +2107,10 @@ class BudgetController:
         if forwards > 0:
             self._own_drafted[0] += len(record.accepted) + 1
             self._own_drafted[1] += seconds
+            if self._early_plain is not None and len(self._own_outcomes) >= self.settings.plain_check_steps:
+                plain, self._early_plain = self._early_plain, None  # design 51: design 46's judgement, on that step
+                if self._choice != 1:
+                    self._judge_plain_check(plain)
         keep = self._exploration_keep
         self._observed_seconds = keep * self._observed_seconds + seconds
         self._lost_seconds *= keep
@@ -2572,22 +2610,36 @@ class BudgetController:
     def _plain_check_due(self) -> bool:
         """Design 46: a plain step checks the choice now: the sequence is not the first, opened on a drafted choice and
         ran ``plain_check_steps`` drafted steps and no plain one, and the choice's tree costs :data:`CHECK_VERIFY_RATIO`
-        times the fastest plain verify kept or more."""
+        times the fastest plain verify kept or more. Design 51: also at or after ``early_check_steps`` drafted steps
+        (and before ``plain_check_steps``) while they ran more than :data:`EARLY_CHECK_SHORTFALL` below rate(1)."""
         steps, plain = self.settings.plain_check_steps, self.verify_cost.samples.get(1)
+        early, own = self.settings.early_check_steps, len(self._own_outcomes)
         if (steps == 0 or not self.settings.allow_plain or self._choice == 1 or self._sequence_start == 0
-                or self._last_plain >= self._sequence_start or len(self._own_outcomes) < steps or not plain):
+                or self._last_plain >= self._sequence_start or own < min(steps, early or steps) or not plain):
             return False
-        return self._verify(self._choice) >= CHECK_VERIFY_RATIO * min(plain)
+        if self._verify(self._choice) < CHECK_VERIFY_RATIO * min(plain):
+            return False
+        if own >= steps:
+            return True
+        tokens, seconds = self._own_drafted  # design 51: own steps already clearly slower than plain decoding
+        drafting, rate = seconds - self._own_catch_up, self._plain_rate()
+        return drafting > 0 and rate is not None and tokens / drafting < (1.0 - EARLY_CHECK_SHORTFALL) * rate
 
     def _judge_plain_check(self, plain_seconds: float) -> None:
         """Design 46, after the check's plain step of ``plain_seconds``: where the sequence's own drafted steps (their
         catch-up left out) committed tokens more than :data:`CHECK_MARGIN` slower than it, the acceptance samples go,
         verify(1) and the plain overhead keep only this sample, and the choice is plain decoding with its schedule
-        started over."""
+        started over. An early check (design 51: fewer than ``plain_check_steps`` own drafted steps) leaves only below
+        :data:`EARLY_CHECK_SHORTFALL`, and when it keeps drafting its plain seconds judge the drafted steps again, with
+        :data:`CHECK_MARGIN`, once there are ``plain_check_steps`` of them (no second plain step)."""
         tokens, seconds = self._own_drafted
         drafting = seconds - self._own_catch_up
-        if drafting <= 0 or plain_seconds <= 0 or tokens / drafting >= (1.0 - CHECK_MARGIN) / plain_seconds:
+        early = len(self._own_outcomes) < self.settings.plain_check_steps  # design 51: fewer steps, a wider margin
+        margin = max(CHECK_MARGIN, EARLY_CHECK_SHORTFALL) if early else CHECK_MARGIN
+        if drafting <= 0 or plain_seconds <= 0 or tokens / drafting >= (1.0 - margin) / plain_seconds:
             self._plain_checks["kept"] += 1
+            if early:
+                self._early_plain = plain_seconds
             return
         self._plain_checks["plain"] += 1
         self.verify_cost.keep_newest(1, 1)
@@ -2597,6 +2649,9 @@ class BudgetController:
         self._rebuild_tables()
         self._drop_to_plain()
         self._reset_schedule()
+        # design 51: the check measured drafting on this text and it lost, as a trial can; design 12's predictions
+        # (read from confidences that are mostly the last text's this early) wait min_probe_interval steps, as after one
+        self._last_trial_end = self._step
 
     def _drop_to_plain(self) -> None:
         """Forget every acceptance sample and choose plain decoding (rates: plain's alone), so that trials re-measure
