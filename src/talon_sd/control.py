@@ -2621,9 +2621,15 @@ class BudgetController:
             return False
         if own >= steps:
             return True
-        tokens, seconds = self._own_drafted  # design 51: own steps already clearly slower than plain decoding
-        drafting, rate = seconds - self._own_catch_up, self._plain_rate()
-        return drafting > 0 and rate is not None and tokens / drafting < (1.0 - EARLY_CHECK_SHORTFALL) * rate
+        drafted, rate = self._own_drafted_rate(), self._plain_rate()  # design 51: already clearly slower than plain
+        return drafted is not None and rate is not None and drafted < (1.0 - EARLY_CHECK_SHORTFALL) * rate
+
+    def _own_drafted_rate(self) -> float | None:
+        """Committed tokens per second of this sequence's own drafted steps, their catch-up left out (designs 46, 51);
+        None before any drafting seconds."""
+        tokens, seconds = self._own_drafted
+        drafting = seconds - self._own_catch_up
+        return tokens / drafting if drafting > 0 else None
 
     def _judge_plain_check(self, plain_seconds: float) -> None:
         """Design 46, after the check's plain step of ``plain_seconds``: where the sequence's own drafted steps (their
@@ -2632,11 +2638,10 @@ class BudgetController:
         started over. An early check (design 51: fewer than ``plain_check_steps`` own drafted steps) leaves only below
         :data:`EARLY_CHECK_SHORTFALL`, and when it keeps drafting its plain seconds judge the drafted steps again, with
         :data:`CHECK_MARGIN`, once there are ``plain_check_steps`` of them (no second plain step)."""
-        tokens, seconds = self._own_drafted
-        drafting = seconds - self._own_catch_up
+        drafted = self._own_drafted_rate()
         early = len(self._own_outcomes) < self.settings.plain_check_steps  # design 51: fewer steps, a wider margin
-        margin = max(CHECK_MARGIN, EARLY_CHECK_SHORTFALL) if early else CHECK_MARGIN
-        if drafting <= 0 or plain_seconds <= 0 or tokens / drafting >= (1.0 - margin) / plain_seconds:
+        margin = EARLY_CHECK_SHORTFALL if early else CHECK_MARGIN
+        if drafted is None or plain_seconds <= 0 or drafted >= (1.0 - margin) / plain_seconds:
             self._plain_checks["kept"] += 1
             if early:
                 self._early_plain = plain_seconds
