@@ -598,20 +598,29 @@ def test_a_carried_drafted_choice_is_checked_against_a_plain_step_on_the_new_tex
     assert budgets[0] == budgets[1] and max(budgets[0]) > 1
 
 
-def test_a_carried_drafted_choice_that_drafts_clearly_slower_is_checked_after_two_steps():
-    # Design 51. On the AVX2 curves, a text that drafts well in stretches (two middling steps, two easy ones) ends on a
-    # large drafted choice; the next request is a 24-token answer on which the draft is right 40% of the time, so every
-    # drafted budget loses to plain decoding and some steps accept tokens (design 47 does not act). Design 46's check
-    # waits for 5 own drafted steps; the early check comes after 2 when they ran more than 20% below rate(1).
+def avx2_stretches_and_follower(agree: float) -> tuple[Callable[[int], World], World]:
+    """Designs 47 and 51's worlds on the AVX2 float32 curves: a text that drafts well in stretches (of every four steps
+    two middling ones, then two easy ones: committed tokens spread wide, a step that accepts nothing rare), which ends
+    on a large drafted choice, and a follower text on which the draft is right ``agree`` of the time."""
     verify, draft = measured_curve(AVX2_FP32_MS["target"]), measured_curve(AVX2_FP32_MS["draft"])
-    easy = World(verify=verify, draft=draft, other=0.005, agree=0.995, confidence=(0.95, 0.999), catch_up=0.002)
-    middling = World(verify=verify, draft=draft, other=0.005, agree=0.8, confidence=(0.6, 0.9), catch_up=0.002)
-    poor = World(verify=verify, draft=draft, other=0.005, agree=0.4, confidence=(0.5, 0.95), catch_up=0.002)
-    rates = fixed_rates(poor, 200)
-    assert max(rate for budget, rate in rates.items() if budget > 1) < 0.8 * rates[1]
+    costs = dict(verify=verify, draft=draft, other=0.005, catch_up=0.002)
+    easy = World(agree=0.995, confidence=(0.95, 0.999), **costs)
+    middling = World(agree=0.8, confidence=(0.6, 0.9), **costs)
 
     def stretches(step: int) -> World:
         return middling if step % 4 < 2 else easy
+
+    return stretches, World(agree=agree, confidence=(0.5, 0.95), **costs)
+
+
+def test_a_carried_drafted_choice_that_drafts_clearly_slower_is_checked_after_two_steps():
+    # Design 51. The stretch text (avx2_stretches_and_follower) ends on a large drafted choice; the next request is a
+    # 24-token answer on which the draft is right 40% of the time, so every drafted budget loses to plain decoding and
+    # some steps accept tokens (design 47 does not act). Design 46's check waits for 5 own drafted steps; the early
+    # check comes after 2 when they ran more than 20% below rate(1).
+    stretches, poor = avx2_stretches_and_follower(agree=0.4)
+    rates = fixed_rates(poor, 200)
+    assert max(rate for budget, rate in rates.items() if budget > 1) < 0.8 * rates[1]
 
     early_steps, late_steps = ControllerSettings().early_check_steps, ControllerSettings().plain_check_steps
     assert 0 < early_steps < late_steps
@@ -658,17 +667,11 @@ def test_a_carried_drafted_choice_that_drafts_clearly_slower_is_checked_after_tw
 
 
 def test_a_carried_drafted_choice_whose_first_steps_accept_nothing_is_released():
-    # Design 47. On the AVX2 curves, a text that drafts well in stretches (two easy steps, two middling ones: committed
-    # tokens spread wide, a step that accepts nothing rare) ends on a large drafted choice; the next request is a short
-    # answer on which the draft is never right. Design 8's z-test, against that wide spread, often waits for 3-4 own
-    # steps; a run of own steps that all accepted nothing, unlikely enough among the carried steps, releases sooner.
-    verify, draft = measured_curve(AVX2_FP32_MS["target"]), measured_curve(AVX2_FP32_MS["draft"])
-    easy = World(verify=verify, draft=draft, other=0.005, agree=0.995, confidence=(0.95, 0.999), catch_up=0.002)
-    middling = World(verify=verify, draft=draft, other=0.005, agree=0.8, confidence=(0.6, 0.9), catch_up=0.002)
-    wrong = World(verify=verify, draft=draft, other=0.005, agree=0.0, confidence=(0.5, 0.95), catch_up=0.002)
-
-    def stretches(step: int) -> World:
-        return middling if step % 4 < 2 else easy
+    # Design 47. The stretch text (avx2_stretches_and_follower) ends on a large drafted choice; the next request is a
+    # short answer on which the draft is never right. Design 8's z-test, against the stretches' wide spread, often
+    # waits for 3-4 own steps; a run of own steps that all accepted nothing, unlikely enough among the carried steps,
+    # releases sooner.
+    stretches, wrong = avx2_stretches_and_follower(agree=0.0)
 
     default = ControllerSettings(early_check_steps=0)  # design 51's early check acts here too (the test before): off
     ways = {"design 47": default, "z-test only": dataclasses.replace(default, release_nothing_p=0.0)}
