@@ -12,7 +12,7 @@ Spearman rank correlation of each prompt measure with ``c16`` and ``r16``, and t
 
 Acceptance is greedy agreement of the two models on the answer's context; ``agree`` is the same agreement on the
 prompt's. The loop measures ``spread`` for the controller since design 29 and ``soft`` over the same rows since design 44
-(talon_sd/control.py); before design 29 a new request started from what the last requests' text said (designs 7, 8,
+(talon_sd/control/); before design 29 a new request started from what the last requests' text said (designs 7, 8,
 25), which is where a short answer after long, well-drafting ones lost (docs/BENCHMARKS.md section 5, "after design 28").
 """
 

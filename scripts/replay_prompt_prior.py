@@ -9,7 +9,7 @@ noise-free replay of its whole answer (``--pairs replay``, an optimistic stand-i
 measured over its plain rate (``--pairs measured``, what a loop has). When the prediction is below ``1 - margin``,
 the carried acceptance samples are dropped and the choice set to plain decoding (rates are ratios of sums: scaling
 the carried samples down, design 8's release, leaves its first step drafting). It reaches into the controller's
-private state and ignores the heads' cost; the design as built (``talon_sd/control.py``, design 29) is replayed with
+private state and ignores the heads' cost; the design as built (``talon_sd/control/``, design 29) is replayed with
 ``scripts/replay_positions.py --agreement``. Prints auto over the best fixed budget (plain included) per dataset,
 median over ``--seeds``.
 

@@ -119,6 +119,20 @@ def test_a_hostile_pickle_is_refused_without_running_anything(folders, tmp_path,
     assert not (tmp_path / "hacked").exists()
 
 
+@pytest.mark.parametrize("module, name", [("talon_sd.control.controller", "TalonError"),  # imported there, not its own
+                                          ("talon_sd.control", "BudgetController"),  # the package, not a module of it
+                                          ("talon_sd.control.costs", "no_such_class")])
+def test_only_classes_defined_in_the_control_packages_modules_are_built(folders, tmp_path, monkeypatch, module, name):
+    monkeypatch.chdir(tmp_path)
+    generator = auto_generator(folders)
+    key = memory_key(generator, folders["target"], folders["draft"])
+    path = memory_path(key)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(f"c{module}\n{name}\n)R.".encode())  # protocol 0: GLOBAL module name, (), REDUCE
+    with pytest.warns(TalonWarning, match="refused to build"):
+        assert load_memory(key) is None
+
+
 @pytest.mark.parametrize("part, name", [(None, "_lost_seconds"), ("settings", "leave_plain_margin"),
                                         ("predictability", "window")])
 def test_a_controller_of_another_layout_is_not_used(folders, part, name):

@@ -36,13 +36,15 @@ import io
 import os
 import pathlib
 import pickle
+import sys
 import tempfile
 import warnings
 
 from . import control
 from .errors import TalonWarning
 
-MEMORY_FORMAT = 2  # bump when what a memory file holds changes meaning (2: design 44's prompt measure in the pairs)
+MEMORY_FORMAT = 3  # bump when what a memory file holds changes meaning (2: design 44's prompt measure in the pairs;
+# 3: the controller's classes live in the modules of the talon_sd.control package)
 _BUILTINS = {"set", "frozenset", "dict", "list", "tuple", "float", "int", "bool", "str", "complex"}
 _COLLECTIONS = {"deque", "Counter", "OrderedDict"}
 
@@ -135,15 +137,25 @@ def _same_layout(value, fresh, seen: set[int] | None = None) -> bool:
     if type(value) is not type(fresh) or set(vars(value)) != set(vars(fresh)):
         return False
     return all(_same_layout(getattr(value, name), part, seen) for name, part in vars(fresh).items()
-               if type(part).__module__ == control.__name__ and hasattr(part, "__dict__"))
+               if _controller_class(type(part).__module__, type(part).__name__) and hasattr(part, "__dict__"))
+
+
+def _controller_class(module: str, name: str) -> type | None:
+    """The class ``name`` defined in a module of the :mod:`talon_sd.control` package, or None (another module,
+    not a class, or a class that module only imports)."""
+    if not module.startswith(control.__name__ + "."):
+        return None
+    found = getattr(sys.modules.get(module), name, None)  # the package imports all of its modules
+    return found if isinstance(found, type) and found.__module__ == module else None
 
 
 class _Unpickler(pickle.Unpickler):
     """Builds only the controller's classes and plain containers."""
 
     def find_class(self, module: str, name: str):
-        if module == control.__name__ and isinstance(getattr(control, name, None), type):
-            return getattr(control, name)
+        built = _controller_class(module, name)
+        if built is not None:
+            return built
         if (module == "builtins" and name in _BUILTINS) or (module == "collections" and name in _COLLECTIONS):
             return super().find_class(module, name)
         raise pickle.UnpicklingError(f"refused to build {module}.{name}")
