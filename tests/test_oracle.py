@@ -8,7 +8,7 @@ import torch
 from conftest import DEVICE, VOCAB, plain_greedy
 from helpers import make_drafter, run
 from talon_sd.config import TreeConfig
-from talon_sd.control import _bucket
+from talon_sd.control.controller import _bucket
 
 PROMPTS = [[5, 17, 33, 8, 5, 17], [3, 9, 27, 81 % 96, 50, 60, 3, 9], [40]]
 

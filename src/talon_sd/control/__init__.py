@@ -612,7 +612,7 @@ a timed sum-then-qa run read qa 0.922 but sum 0.939, where design 34 read 0.877 
    tests/test_control.py: code with every prompt measured, then a 700-token prompt: measured before, plain and
    unmeasured now. Timed since (the same bench): that request 0.99x, sum 0.80x -> 0.98x, every sum step plain.
 
-40. That sample is the decoder stack alone (:func:`talon_sd.decoding._prefill`; the loop, not this module). Design 38
+40. That sample is the decoder stack alone (:func:`talon_sd.decoding._prefill`; the loop, not this package). Design 38
    timed the draft's prompt forward together with its output head over the (up to 64) agreement rows, which a step's
    catch-up never runs; on the AVX2-only EPYC in float32 the head over 50 rows of a 151,936-token vocabulary added
    half to nine tenths of the 50-token forward's 0.35 s (0.51-0.67 s in all), and the curve, linear past its largest
@@ -652,7 +652,7 @@ a timed sum-then-qa run read qa 0.922 but sum 0.939, where design 34 read 0.877 
    (design 41 again): within the seeds' noise in break-even float32 worlds with 32-step slow spells.
 
 44. The prompt measure is the draft's mean probability of the target's argmax (:func:`talon_sd.decoding._prefill`; the
-   loop, not this module, which takes any agreement in [0, 1]). Design 29's share of equal argmaxes overlapped between
+   loop, not this package, which takes any agreement in [0, 1]). Design 29's share of equal argmaxes overlapped between
    sweep 13's gsm8k prompts (0.61-0.75) and its HumanEval prompts (0.75-0.80), where drafting lost and won on the
    AVX2-only EPYC in float32, so a code prompt could start plain on math's evidence; the mean probability, read from the
    same 64 rows of the same logits, separates them (0.44-0.51 against 0.61-0.73). Replayed on that host's costs

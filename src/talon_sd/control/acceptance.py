@@ -14,7 +14,6 @@ DEFAULT_CALIBRATION_EDGES = (0.0, -0.1, -0.25, -0.5, -1.0, -1.5, -2.0, -3.0, -4.
 CONFIDENCE_EDGES = (0.3, 0.5, 0.7, 0.85, 0.95, 0.99)  # bins of the target's top-1 probability (design 12)
 FOLLOW_PRIOR_SHARE = 0.5  # prior: a tree catches this share of what the draft's top-1 misses (design 12)
 CHILD_PRIOR_SHARE = 0.7  # prior: an accepted, expanded node has one of its drafted children accepted 70% of the time
-# why a step got its budget (:attr:`BudgetController.reason`, recorded per step in the decoding stats)
 
 
 class Calibration:
