@@ -14,7 +14,8 @@ Scenarios: float32 (verifying T tokens costs about T one-token steps) and bf16 (
 CPU, code / mid / chat acceptance, six 64-token requests with 120-token prompts (the first request, where a
 fresh controller learns its costs, left out); float32 code and chat with 200-token prompts whose draft-LM
 catch-up costs more than a trial's 5% share (humaneval on the real pair); a float32 sequence of six chat then four code requests; and
-16-token QA answers after two 64-token chat requests (the world of design 11's test); and float32 costs of an
+16-token QA answers after two 64-token chat requests (the world of design 11's test); three chat requests then three
+700-token-prompt summaries on the AVX2-only EPYC's int8-draft costs at temperature 1, contexts told (design 53); and float32 costs of an
 Intel Xeon with AMX, where only a 2-node tree is cheap to verify (design 16), 128-token requests; and bf16 costs of
 that Xeon (verification flat to 32 tokens) with acceptance like the real Qwen pair's, five code then five chat
 requests of 128 tokens, scored as issue 11's bar is: auto over the best fixed N of each block (design 17).
@@ -151,6 +152,33 @@ def chat_then_code(seeds: int, settings: ControllerSettings, prompt: int = 60, c
     return out
 
 
+def chat_then_summaries(seeds: int, settings: ControllerSettings, slower: float = 1.3):
+    """Design 53's world, the AVX2-only EPYC with the int8 draft at temperature 1: three 128-token chat requests
+    (100-token prompts; drafting about 1.16x plain at N = 8), then three summaries (700-token prompts, every verify
+    ``slower`` x as dear over the long context, the target confident where the draft is right only 60% of the time:
+    N = 8 about 0.87x plain). Contexts told as the loop tells them. Per seed: auto / plain over the summaries."""
+    verify = measured_curve({1: 406, 2: 610, 4: 647, 8: 688, 16: 875, 24: 971, 32: 1130, 64: 1913})
+    draft = measured_curve({1: 54, 2: 58, 4: 61, 8: 72, 16: 112, 24: 148, 32: 192, 64: 364})
+    chat = World(verify=verify, draft=draft, other=0.015, agree=0.85, confidence=(0.5, 0.95), catch_up=0.011)
+    summary = dataclasses.replace(chat, verify=lambda size: slower * verify(size), agree=0.6,
+                                  confidence=(0.6, 0.97))
+    autos, reasons = [], Counter()
+    for seed in range(seeds):
+        controller = BudgetController(settings)
+        for request in range(3):
+            simulate(chat, None, controller, seed=10 * seed + request, prompt=100, tokens=128, context=100)
+            controller = controller.for_next_sequence()
+        runs, plains = [], []
+        for request in range(3):
+            run_seed = 1000 + 10 * seed + request
+            runs.append(simulate(summary, None, controller, seed=run_seed, prompt=700, tokens=128, context=700))
+            plains.append(simulate(summary, None, 1, seed=run_seed, prompt=700, tokens=128, context=700))
+            reasons.update(runs[-1].reasons)
+            controller = controller.for_next_sequence()
+        autos.append(ratio(runs, plains))
+    return autos, reasons
+
+
 def short_answers(seeds: int, settings: ControllerSettings):
     chat = world("fp32", 0.005, report_confidence=False, agree=0.65, confidence=(0.25, 0.8))
     autos, reasons = [], Counter()
@@ -211,6 +239,8 @@ def main() -> None:
         print(line(f"fp32 chat -> code, 200-token prompts: {block}", autos, reasons))
     autos, reasons = short_answers(max(seeds * 3 // 4, 1), settings)
     print(line("fp32 16-token QA after chat", autos, reasons))
+    autos, reasons = chat_then_summaries(seeds, settings)
+    print(line("AVX2 int8 chat -> 700-token summaries, T = 1-like: summaries", autos, reasons))
     # float32 on the Intel Xeon (AMX), 128-token requests: only the 2-node tree is cheap to verify (design 16);
     # "T = 1-like" acceptance is lower agreement; the fixed column is N = 2 here
     for name, text in (("Intel fp32 code, T = 1-like (fixed: N = 2)", world("intel-fp32", 0.004, agree=0.9, confidence=(0.6, 0.99))),

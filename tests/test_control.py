@@ -35,6 +35,9 @@ from talon_sd.control import (
     OWN_CONFIDENCES,
     PAIR_MIN,
     PAIR_STEPS,
+    PLAIN_FOLLOW_BAND,
+    PLAIN_FOLLOW_CONTEXT,
+    PLAIN_FOLLOW_MAX,
     PRIOR_SAMPLE_EVERY,
     PRIOR_SAMPLE_MAX,
     REASONS,
@@ -170,25 +173,33 @@ def target_confidence(world: World, confidence: float, agree_draw: float, rank_d
 
 
 def simulate(world_at: Callable[[int], World] | World, steps: int | None, policy: BudgetController | int,
-             seed: int = 0, prompt: int = 1, tell_catch_up: bool = True, tokens: int | None = None) -> Run:
+             seed: int = 0, prompt: int = 1, tell_catch_up: bool = True, tokens: int | None = None,
+             context: int | None = None) -> Run:
     """Run ``steps`` steps with a fixed budget or a controller; ``world_at(step)`` may change the world.
     The drafter starts with ``prompt`` tokens to forward (the root included), as a draft LM does; the
     controller is told how many wait (as the decoding loop does) unless ``tell_catch_up`` is False.
     With ``tokens`` (and ``steps`` None) the run is a request of that many new tokens: it stops at the
-    limit, the controller is told the tokens left and the last step is cut to them, as in the real loop."""
+    limit, the controller is told the tokens left and the last step is cut to them, as in the real loop.
+    With ``context`` (the target's cache before the first step) each step's context, that plus the tokens
+    committed so far, is told to the controller and set in its record, as the loop does (design 33); the
+    world's costs do not depend on it."""
     world_of = world_at if callable(world_at) and not isinstance(world_at, World) else (lambda _: world_at)
     controller = policy if isinstance(policy, BudgetController) else None
     run, pending = Run(), prompt
     index = 0
     while (index < steps) if steps is not None else (sum(run.tokens) < tokens):
         left = None if tokens is None else tokens - sum(run.tokens)
+        at = None if context is None else (context + sum(run.tokens),)
         if controller is not None:
-            budget = controller.next_budget(pending - 1 if tell_catch_up else 0, left if tell_catch_up else None)
+            budget = controller.next_budget(pending - 1 if tell_catch_up else 0, left if tell_catch_up else None,
+                                            *(at or ()))
             run.choices.append(controller.choice)
             run.reasons.append(controller.reason)
         else:
             budget = policy
         record = simulate_step(world_of(index), seed, index, budget, controller, pending)
+        if at is not None:
+            record = dataclasses.replace(record, context_tokens=at[0])
         if controller is not None:
             controller.observe(record)
         committed = len(record.accepted) + 1 if left is None else min(len(record.accepted) + 1, left)
@@ -2035,3 +2046,74 @@ def test_asking_whether_the_prompt_prior_is_due_changes_nothing_and_a_prior_that
         losing.append(lost.prompt_agreement_due(39, 128))
     assert dues.count(True) == 2 and dues[3] and dues[7], dues
     assert all(losing)  # two near losses on record: every sequence measures
+
+
+def test_stale_drafted_sizes_are_read_at_the_plain_steps_speed_of_a_plain_spell():
+    """Design 53, the mirror of design 42. Drafted steps of 8 and 16 nodes over a short chat context, with one plain
+    step among them (0.5 s), then a spell of plain steps over a long prompt, each 1.3x as dear (0.65 s: the context,
+    or a slow spell of the machine). The drafted sizes were never measured in that spell; read as measured they look
+    1.3x cheaper against plain decoding than they are. With ``follow`` they move by 0.65 / 0.5. The new spell's first
+    plain steps lie beside the chat's last drafted steps in add order but hundreds of tokens away in context: they do
+    not count (else they would read the drafted sizes at the spell's speed already and nothing would move)."""
+    def taught(follow: bool, plain_then: float = 0.5, plain_now: float = 0.65, chat: int = 100,
+               spell: int = 700) -> CostCurve:
+        curve = CostCurve(keep=9, horizon=32, paired=1, follow=follow)
+        drafted = [(8, 1.0), (16, 1.2)] * 2
+        for size, seconds in drafted + [(1, plain_then)] + drafted:
+            curve.add(size, seconds, context=chat)
+        for step in range(40):  # the plain spell: the drafted sizes leave the horizon
+            curve.add(1, plain_now, context=spell + step)
+        curve.refit()
+        return curve
+
+    as_measured, following = taught(False), taught(True)
+    assert as_measured.points() == pytest.approx({1: 0.65, 8: 1.0, 16: 1.2})
+    assert following.points() == pytest.approx({1: 0.65, 8: 1.3, 16: 1.56})
+    assert taught(True, plain_now=1.5).points()[8] == pytest.approx(PLAIN_FOLLOW_MAX)  # 3x, clamped
+    assert taught(True, plain_now=0.5 * (1 + 0.9 * PLAIN_FOLLOW_BAND)).points()[8] == pytest.approx(1.0)  # noise
+    assert taught(True, plain_now=0.2).points()[16] == pytest.approx(1.2 / PLAIN_FOLLOW_MAX)
+    # the spell at the chat's own context: its first plain steps pair with the drafted ones at the spell's speed (0.65)
+    # and outvote the one at 0.5, so the drafted sizes already stand for the spell's speed and stay as measured
+    assert taught(True, spell=100 + PLAIN_FOLLOW_CONTEXT // 2).points() == pytest.approx({1: 0.65, 8: 1.0, 16: 1.2})
+
+    # a drafted size measured again in the spell: it is fresh, and then no size moves (one noisy ratio must not reorder
+    # the drafted sizes against the fresh one)
+    for _ in range(3):
+        following.add(8, 1.25, context=760)
+    following.refit()
+    # 16 as measured (1.2) and 8's three fresh samples (1.25) pooled by the non-decreasing fit, equal weights
+    assert following.points() == pytest.approx({1: 0.65, 8: 1.225, 16: 1.225})
+
+    # drafted samples never measured beside a plain step (no pairs): nothing to read their speed from
+    lone = CostCurve(keep=9, horizon=32, paired=1, follow=True)
+    for size, seconds in [(8, 1.0), (16, 1.2)] * 6:
+        lone.add(size, seconds, context=100)
+    for step in range(40):
+        lone.add(1, 0.65, context=700 + step)
+    lone.refit()
+    assert lone.points() == pytest.approx({1: 0.65, 8: 1.0, 16: 1.2})
+
+
+def test_a_plain_spell_reads_the_carried_drafted_rates_at_its_own_speed():
+    """Design 53 in the controller (``follow_plain``): 16-node steps over a chat context (verify 1.0 s) with a plain
+    step among them (0.5 s), then a long prompt's plain steps at 0.65 s. Read as measured, the 16-node verify keeps the
+    chat's 1.0 s against the spell's 0.65 s plain step (1.54 plain steps where it cost 2); followed, it reads 1.3 s,
+    two plain steps again."""
+    def rates(follow: bool) -> dict[int, float]:
+        controller = BudgetController(ControllerSettings(initial_budget=16, follow_plain=follow))
+        drafted = StepRecord(**{**chain_record(budget=16, accepted=3, verify_seconds=1.0).__dict__,
+                                "draft_seconds": (0.01,) * 15, "context_tokens": 100})
+        plain = StepRecord(**{**plain_record().__dict__, "verify_seconds": 0.5, "context_tokens": 100})
+        for record in [drafted] * 4 + [plain] + [drafted] * 4:
+            controller.observe(record)
+        for step in range(40):
+            controller.observe(StepRecord(**{**plain_record().__dict__, "verify_seconds": 0.65,
+                                             "context_tokens": 700 + step}))
+        controller.next_budget(0, 100, context_tokens=740)
+        return {size: controller._verify(size) for size in (1, 16)}
+
+    as_measured, following = rates(False), rates(True)
+    assert as_measured[1] == pytest.approx(0.65) and as_measured[16] == pytest.approx(1.0)
+    assert following[1] == pytest.approx(0.65) and following[16] == pytest.approx(1.3)
+    with pytest.raises(TalonError, match=r"^follow_plain: got 1, expected True or False$"):
+        ControllerSettings(follow_plain=1)

@@ -36,10 +36,10 @@ Layout
 This package's modules, one job each (the engine imports the package, never a module of it)::
 
     records.py     StepRecord: what a verified step reports; prefix_outcome: the prefix property
-    costs.py       CostCurve, CostPrior: measured seconds by size (design 1, with 21, 33, 42)
+    costs.py       CostCurve, CostPrior: measured seconds by size (design 1, with 21, 33, 42, 53)
     acceptance.py  Calibration, Predictability: acceptance by path probability and by the text (designs 4, 12)
     settings.py    ControllerSettings and the defaults its designs name
-    controller.py  BudgetController: the choice of each step's budget (designs 2-51)
+    controller.py  BudgetController: the choice of each step's budget (designs 2-51, 53)
     _checks.py     argument checks and a median
 
 Design ("Improvement" marks where this goes past the obvious recipe)
@@ -745,6 +745,31 @@ a timed sum-then-qa run read qa 0.922 but sum 0.939, where design 34 read 0.877 
    decoding, falsely leaves in 3 of 16 requests (mean 1.145 -> 1.086 of plain; those three read 0.93-1.09), while a
    24-token answer the draft gets 40% right drafts 11 steps instead of 19 over 8 requests (0.876 -> 0.923 of plain).
 
+53. Stale drafted sizes read at a plain spell's speed (``follow_plain``; :class:`CostCurve`'s ``follow``), the mirror
+   of design 42. ("52", a bet's prediction scaled by what drafting then measured, was tried and left out:
+   docs/BENCHMARKS.md section 5.) In a spell of plain steps the drafted sizes are not measured, so each one's fit keeps
+   its newest samples from wherever it last ran. On the AVX2-only EPYC in float32 (a step trace at temperature 1,
+   section 5) plain decoding read 3.46 tok/s over chat contexts and 2.70 after a 709-token summary prompt's own plain
+   steps, while the 8- and 16-node rates carried from the chat (3.47) were never re-measured. So the choice went to
+   16 nodes on a comparison of two contexts. Now, while at least :data:`RECENT_SAMPLES` plain samples lie within the
+   verify curve's horizon and every drafted size has fewer, each drafted size moves by (verify(1) now) / (verify(1)
+   where they were measured), clamped to [1/2, 2] (:data:`PLAIN_FOLLOW_MAX`). The latter is read from the plain
+   samples that had drafted neighbours of those sizes (design 42's pairs), counting only neighbours within
+   :data:`PLAIN_FOLLOW_CONTEXT` (128) context tokens of the plain sample: a new sequence's first plain steps lie
+   beside the last sequence's drafted steps in add order, and they would read the drafted sizes at the new speed
+   already. Two guards keep timing noise out:
+   - a factor within :data:`PLAIN_FOLLOW_BAND` (10%) of 1 moves nothing;
+   - with any drafted size fresh, nothing moves. A first version moved only the stale sizes. In the bf16 replays it
+     reordered them against the fresh ones by noisy ratios of 0.95-1.10, and sweep 13's qa fell from 0.972 to 0.954
+     of the best fixed N (16 seeds).
+   A version without the band tipped break-even choices both ways on noise. In design 27's test it left 2 of 8 code
+   commands on a drafted choice where 4 or more had been.
+   Replays of the recorded trees and ``scripts/controller_scenarios.py`` (24 seeds) are unchanged: their costs have
+   no context-dependent plain step and no spell that long. In a synthetic temperature-1 summary world, three chat
+   requests carried into three 700-token-prompt requests (every verify 1.3x, the draft right 60% of the time, drafting
+   0.87x of plain at N = 8; 12 seeds), the summaries read 0.955 -> 0.958 of plain decoding (mean), worst seed 0.923 ->
+   0.945. The rest of that world's loss comes from trials, not from this comparison.
+
 Not modelled: keep_growing looks one layer ahead;
 a step stopped early by keep_growing is taken to be what every larger budget would have built (true
 up to keep_growing's own dependence on the budget).
@@ -777,6 +802,9 @@ from .costs import (
     PAIRED_KEPT,
     PAIR_MIN,
     PAIR_STEPS,
+    PLAIN_FOLLOW_BAND,
+    PLAIN_FOLLOW_CONTEXT,
+    PLAIN_FOLLOW_MAX,
     RECENT_SAMPLES,
 )
 from .acceptance import (
@@ -833,6 +861,9 @@ __all__ = [
     "PAIRED_KEPT",
     "PAIR_MIN",
     "PAIR_STEPS",
+    "PLAIN_FOLLOW_BAND",
+    "PLAIN_FOLLOW_CONTEXT",
+    "PLAIN_FOLLOW_MAX",
     "RECENT_SAMPLES",
     "CHILD_PRIOR_SHARE",
     "CONFIDENCE_EDGES",

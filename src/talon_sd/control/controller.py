@@ -92,7 +92,8 @@ class BudgetController:
         refresh = settings.cost_refresh_interval  # design 21: verify samples older than 2 intervals leave the fit
         self.verify_cost = CostCurve(settings.cost_samples, prior.verify_seconds,  # by tree size
                                      horizon=2 * refresh if refresh > 0 else None,
-                                     paired=1 if settings.paired_plain else None)  # design 42
+                                     paired=1 if settings.paired_plain else None,  # design 42
+                                     follow=settings.follow_plain)  # design 53
         self.draft_cost = CostCurve(settings.cost_samples, prior.draft_seconds)  # by forward width
         self.overhead_cost = CostCurve(settings.cost_samples, prior.overhead_seconds)  # by draft forwards per step
         self.catch_up_cost = CostCurve(settings.cost_samples)  # by catch-up tokens (bucketed): extra first-forward seconds

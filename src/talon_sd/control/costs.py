@@ -1,6 +1,6 @@
 """Measured costs: seconds as a non-decreasing function of a size (:class:`CostCurve`: verify by tree
 size, draft by forward width, the rest of a step by draft forwards; design 1 of :mod:`talon_sd.control`, with
-designs 21, 33 and 42), and their warm start (:class:`CostPrior`)."""
+designs 21, 33, 42 and 53), and their warm start (:class:`CostPrior`)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,10 @@ CONTEXT_STEP_TOKENS = 32  # the verify curve is re-read at a new context once it
 PAIR_STEPS = 4  # a plain verify sample is read against the other sizes' samples within this many adds of it (design 42)
 PAIR_MIN = 2  # ... when at least this many are
 PAIRED_KEPT = 9  # the paired size is fitted to the median of its newest this many paired samples (design 42)
+PLAIN_FOLLOW_MAX = 2.0  # design 53 moves stale sizes by at most this factor either way
+PLAIN_FOLLOW_BAND = 0.1  # ... and not at all by a factor within this share of 1 (timing noise)
+PLAIN_FOLLOW_CONTEXT = 128  # ... read from plain samples beside stale-size samples within this many context tokens of
+# them (the same sequence: a new one's first plain steps lie beside the last sequence's drafted ones)
 
 
 @dataclass(frozen=True)
@@ -60,7 +64,7 @@ class CostCurve:
     """
 
     def __init__(self, keep: int, prior: Mapping[int, float] | None = None, horizon: int | None = None,
-                 paired: int | None = None) -> None:
+                 paired: int | None = None, follow: bool = False) -> None:
         if horizon is not None and (not is_int(horizon) or horizon < 1):
             raise bad_argument("horizon", horizon, "an integer >= 1 or None")
         if paired is not None and (not is_int(paired) or paired < 0):
@@ -68,6 +72,7 @@ class CostCurve:
         self.keep = keep
         self.horizon = horizon  # only samples among the last this many adds are fitted (None: all; design 21)
         self.paired = paired  # the size read against its neighbours' samples (None: none; design 42)
+        self.follow = bool(follow)  # stale sizes read at the fresh paired size's speed (design 53)
         self._last_adds: deque[tuple[int, float, int | None]] = deque(maxlen=PAIR_STEPS)  # (size, seconds, context)
         # the paired size's samples with their neighbours: the last PAIRED_KEPT paired ones and those still in reach
         self._pairs: deque[_Pair] = deque(maxlen=PAIRED_KEPT + PAIR_STEPS + 1)
@@ -201,6 +206,8 @@ class CostCurve:
             paired = self._paired_seconds(measured)  # design 42: the paired size's own samples are stale
             if paired is not None:  # (weighed in the fit as the samples it replaces)
                 measured[self.paired] = (paired, measured[self.paired][1])
+        elif self.paired in self.samples and self.follow:
+            self._follow_paired(measured)  # design 53: the other sizes' samples may be stale
         prior_xs, prior_ys, prior_slope = self._prior
         points = {}
         if prior_xs:
@@ -234,6 +241,43 @@ class CostCurve:
             if ratios:
                 values.append(self._at_read_context(self.paired, pair.seconds, pair.context) * median(ratios))
         return median(values) if values else None
+
+    def _follow_paired(self, measured: dict[int, tuple[float, float]]) -> None:
+        """Design 53, the mirror of design 42, where the paired size is fresh (at least :data:`RECENT_SAMPLES` of its
+        samples lie within the horizon: a spell of plain steps) and every other size is stale (fewer than that; with
+        one of them fresh nothing moves, so that a noisy ratio cannot reorder the drafted sizes): moves each
+        stale size's seconds in ``measured`` by (the paired size's seconds now) / (its seconds at the host speed and
+        context the stale sizes were measured at), clamped to [1 / :data:`PLAIN_FOLLOW_MAX`, :data:`PLAIN_FOLLOW_MAX`],
+        unless that factor lies within :data:`PLAIN_FOLLOW_BAND` of 1 (timing noise, which would tip choices at
+        break-even both ways; a long prompt's context or a slow spell moves plain steps by 1.2-1.7x on the AVX2-only
+        EPYC). The
+        latter is the median over the newest :data:`PAIRED_KEPT` paired samples with a stale size among their
+        neighbours of (its seconds) x (the median over those neighbours of the stale size's seconds / the neighbour's
+        seconds), all at the read context (design 33). Only neighbours of the stale sizes themselves count (their fit,
+        extrapolated to a fresh size, would read a dear tree as cheap), and only those measured within
+        :data:`PLAIN_FOLLOW_CONTEXT` tokens of the paired sample's context (a new sequence's first plain steps lie beside
+        the last sequence's drafted steps, at another context and often in another spell of the machine: they would
+        read the stale sizes at the new speed already). Nothing moves without such a sample."""
+        stale = {size: point for size, point in measured.items() if size != self.paired}
+        if any(self._fresh(size) >= RECENT_SAMPLES for size in stale):
+            return
+        values = []
+        for pair in reversed(self._pairs):
+            ratios = [stale[size][0] / seconds for size, y, at in pair.neighbours
+                      if size in stale and _near(at, pair.context)
+                      and (seconds := self._at_read_context(size, y, at)) > 0]
+            if ratios:
+                values.append(self._at_read_context(self.paired, pair.seconds, pair.context) * median(ratios))
+            if len(values) == PAIRED_KEPT:
+                break
+        then = median(values) if values else 0.0
+        if then <= 0:
+            return
+        scale = min(max(measured[self.paired][0] / then, 1.0 / PLAIN_FOLLOW_MAX), PLAIN_FOLLOW_MAX)
+        if 1.0 / (1.0 + PLAIN_FOLLOW_BAND) < scale < 1.0 + PLAIN_FOLLOW_BAND:
+            return
+        for size, (seconds, weight) in stale.items():
+            measured[size] = (seconds * scale, weight)
 
     def has(self, size: int, samples: int = 1) -> bool:
         """Whether ``size`` was measured (at least ``samples`` times among the kept ones) or given by the prior."""
@@ -278,6 +322,11 @@ class _Pair:
     seconds: float
     context: int | None
     neighbours: list[tuple[int, float, int | None]]  # (size, seconds, context) of other sizes within PAIR_STEPS adds
+
+
+def _near(context: int | None, other: int | None) -> bool:
+    """Two samples' contexts lie within :data:`PLAIN_FOLLOW_CONTEXT` tokens (or either is unknown; design 53)."""
+    return context is None or other is None or abs(context - other) <= PLAIN_FOLLOW_CONTEXT
 
 
 def _fit(xs: list[int], ys: list[float], weights: list[float]) -> tuple[list[int], list[float], float]:

@@ -99,6 +99,10 @@ class ControllerSettings:
                             cost_refresh_interval; none without one), verify(1) is read from plain steps' seconds against
                             the drafted steps' around them, at the host speed of the drafted sizes' fit (design 42;
                             False: as measured)
+    follow_plain            while the plain steps are fresh (RECENT_SAMPLES of them within the verify curve's horizon)
+                            and a drafted size is not, that size's verify seconds are read at the plain steps'
+                            current speed: times (verify(1) now) / (verify(1) beside its samples) (design 53; False:
+                            as measured; needs paired_plain)
     reopen_on_fall          when the choice falls to a smaller drafted budget, the trial interval starts over at
                             ``min_probe_interval`` (design 45; False: it keeps the length the last trials left)
     plain_check_steps       where verification is steep, a sequence that opened on a carried drafted choice runs one
@@ -150,12 +154,13 @@ class ControllerSettings:
     prompt_prior_width: float = 0.05
     prompt_gap: float = 0.15
     paired_plain: bool = True
+    follow_plain: bool = True
     reopen_on_fall: bool = True
     plain_check_steps: int = 5
     early_check_steps: int = 2
 
     def __post_init__(self) -> None:
-        for name in ("allow_plain", "early_stop", "predict_trials", "paired_plain", "reopen_on_fall"):
+        for name in ("allow_plain", "early_stop", "predict_trials", "paired_plain", "follow_plain", "reopen_on_fall"):
             if not isinstance(getattr(self, name), bool):
                 raise bad_argument(name, getattr(self, name), "True or False")
         check_int("max_budget", self.max_budget, 1 if self.allow_plain else 2,
