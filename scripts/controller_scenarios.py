@@ -152,31 +152,36 @@ def chat_then_code(seeds: int, settings: ControllerSettings, prompt: int = 60, c
     return out
 
 
-def chat_then_summaries(seeds: int, settings: ControllerSettings, slower: float = 1.3):
+def chat_then_summaries(seeds: int, settings: ControllerSettings, slower: float = 1.3, fixed_budget: int = 8):
     """Design 53's world, the AVX2-only EPYC with the int8 draft at temperature 1: three 128-token chat requests
-    (100-token prompts; drafting about 1.16x plain at N = 8), then three summaries (700-token prompts, every verify
-    ``slower`` x as dear over the long context, the target confident where the draft is right only 60% of the time:
-    N = 8 about 0.87x plain). Contexts told as the loop tells them. Per seed: auto / plain over the summaries."""
+    (100-token prompts), then three summaries (700-token prompts, every verify ``slower`` x as dear over the long
+    context, the target confident where the draft is right only 60% of the time). Contexts told as the loop tells
+    them. Per block (the chat, the first summary, the other two): per seed auto / plain and N = fixed_budget / plain,
+    and the auto runs' reasons."""
     verify = measured_curve({1: 406, 2: 610, 4: 647, 8: 688, 16: 875, 24: 971, 32: 1130, 64: 1913})
     draft = measured_curve({1: 54, 2: 58, 4: 61, 8: 72, 16: 112, 24: 148, 32: 192, 64: 364})
     chat = World(verify=verify, draft=draft, other=0.015, agree=0.85, confidence=(0.5, 0.95), catch_up=0.011)
     summary = dataclasses.replace(chat, verify=lambda size: slower * verify(size), agree=0.6,
                                   confidence=(0.6, 0.97))
-    autos, reasons = [], Counter()
+    blocks = ("chat", "first summary", "summaries 2-3")
+    out = {block: ([], [], Counter()) for block in blocks}
     for seed in range(seeds):
         controller = BudgetController(settings)
-        for request in range(3):
-            simulate(chat, None, controller, seed=10 * seed + request, prompt=100, tokens=128, context=100)
+        runs = {block: ([], [], []) for block in blocks}  # auto, plain, fixed runs
+        for request in range(6):
+            text, prompt = (chat, 100) if request < 3 else (summary, 700)
+            block = blocks[0] if request < 3 else blocks[1] if request == 3 else blocks[2]
+            run_seed = 10 * seed + request if request < 3 else 1000 + 10 * seed + request - 3
+            runs[block][0].append(simulate(text, None, controller, seed=run_seed, prompt=prompt, tokens=128,
+                                           context=prompt))
+            for kept, budget in ((runs[block][1], 1), (runs[block][2], fixed_budget)):
+                kept.append(simulate(text, None, budget, seed=run_seed, prompt=prompt, tokens=128, context=prompt))
+            out[block][2].update(runs[block][0][-1].reasons)
             controller = controller.for_next_sequence()
-        runs, plains = [], []
-        for request in range(3):
-            run_seed = 1000 + 10 * seed + request
-            runs.append(simulate(summary, None, controller, seed=run_seed, prompt=700, tokens=128, context=700))
-            plains.append(simulate(summary, None, 1, seed=run_seed, prompt=700, tokens=128, context=700))
-            reasons.update(runs[-1].reasons)
-            controller = controller.for_next_sequence()
-        autos.append(ratio(runs, plains))
-    return autos, reasons
+        for block, (autos, plains, fixed) in runs.items():
+            out[block][0].append(ratio(autos, plains))
+            out[block][1].append(ratio(fixed, plains))
+    return out
 
 
 def short_answers(seeds: int, settings: ControllerSettings):
@@ -239,8 +244,8 @@ def main() -> None:
         print(line(f"fp32 chat -> code, 200-token prompts: {block}", autos, reasons))
     autos, reasons = short_answers(max(seeds * 3 // 4, 1), settings)
     print(line("fp32 16-token QA after chat", autos, reasons))
-    autos, reasons = chat_then_summaries(seeds, settings)
-    print(line("AVX2 int8 chat -> 700-token summaries, T = 1-like: summaries", autos, reasons))
+    for block, (autos, fixed, reasons) in chat_then_summaries(seeds, settings).items():
+        print(line(f"AVX2 int8 chat -> 700-token summaries, T = 1-like: {block}", autos, reasons, fixed))
     # float32 on the Intel Xeon (AMX), 128-token requests: only the 2-node tree is cheap to verify (design 16);
     # "T = 1-like" acceptance is lower agreement; the fixed column is N = 2 here
     for name, text in (("Intel fp32 code, T = 1-like (fixed: N = 2)", world("intel-fp32", 0.004, agree=0.9, confidence=(0.6, 0.99))),

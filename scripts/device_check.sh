@@ -9,8 +9,10 @@
 #
 #     bash scripts/device_check.sh CONFIGS     # CONFIGS as scripts/random_weight_pair.py reads it
 #
-# Writes under $OUT (the device tool's folder; ./device_out elsewhere). Needs torch and transformers only: the
-# source tree runs from src/ (no install), as the machine has no package registry.
+# Writes under $OUT (the device tool's folder; ./device_out elsewhere). The source tree runs from src/ (no install: the
+# machine has no package registry), so the machine's Python needs talon-sd's dependencies but gguf (torch,
+# transformers, accelerate, safetensors, tokenizers, numpy, tqdm, matplotlib) and pytest, pytest-xdist and scipy for the
+# tests; the lent H200's image has them all (/work/.library/device/KINDS.md).
 set -uo pipefail
 CONFIGS=${1:?usage: device_check.sh CONFIGS}
 OUT=${OUT:-device_out}
@@ -21,7 +23,8 @@ export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__,
 'gpu', torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)" | tee "$OUT/versions.txt"
 
-TALON_TEST_DEVICE=$DEVICE timeout "$TESTS_SECONDS" python3 -m pytest -n 12 -q -p no:cacheprovider -p no:benchmark \
+python3 -c "import xdist, scipy" || { echo "pytest-xdist and scipy are needed for the tests" >&2; exit 1; }
+TALON_TEST_DEVICE=$DEVICE timeout -k 15 "$TESTS_SECONDS" python3 -m pytest -n 12 -q -p no:cacheprovider -p no:benchmark \
     --durations=10 tests/test_eagle3.py tests/test_cache.py tests/test_edges.py tests/test_train.py \
     tests/test_oracle.py tests/test_sampling.py >"$OUT/tests.txt" 2>&1
 echo "pytest exit status $? (124: cut by the ${TESTS_SECONDS} s cap)" | tee -a "$OUT/tests.txt"

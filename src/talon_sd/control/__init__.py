@@ -764,11 +764,12 @@ a timed sum-then-qa run read qa 0.922 but sum 0.939, where design 34 read 0.877 
      of the best fixed N (16 seeds).
    A version without the band tipped break-even choices both ways on noise. In design 27's test it left 2 of 8 code
    commands on a drafted choice where 4 or more had been.
-   Replays of the recorded trees and ``scripts/controller_scenarios.py`` (24 seeds) are unchanged: their costs have
-   no context-dependent plain step and no spell that long. In a synthetic temperature-1 summary world, three chat
-   requests carried into three 700-token-prompt requests (every verify 1.3x, the draft right 60% of the time, drafting
-   0.87x of plain at N = 8; 12 seeds), the summaries read 0.955 -> 0.958 of plain decoding (mean), worst seed 0.923 ->
-   0.945. The rest of that world's loss comes from trials, not from this comparison.
+   Replays of the recorded trees and the other scenarios of ``scripts/controller_scenarios.py`` (24 seeds) are
+   unchanged: their costs have no context-dependent plain step and no spell that long. Its new scenario is a
+   synthetic temperature-1 summary world: three chat requests carried into three 700-token-prompt requests (every
+   verify 1.3x, the draft right 60% of the time, drafting 0.87x of plain at N = 8). There (12 seeds) the summaries
+   read 0.955 -> 0.958 of plain decoding (mean), worst seed 0.923 -> 0.945. The rest of that world's loss is the
+   first summary's bet on its own confidences (designs 25, 28), not this comparison.
 
 Not modelled: keep_growing looks one layer ahead;
 a step stopped early by keep_growing is taken to be what every larger budget would have built (true

@@ -99,10 +99,10 @@ class ControllerSettings:
                             cost_refresh_interval; none without one), verify(1) is read from plain steps' seconds against
                             the drafted steps' around them, at the host speed of the drafted sizes' fit (design 42;
                             False: as measured)
-    follow_plain            while the plain steps are fresh (RECENT_SAMPLES of them within the verify curve's horizon)
-                            and a drafted size is not, that size's verify seconds are read at the plain steps'
-                            current speed: times (verify(1) now) / (verify(1) beside its samples) (design 53; False:
-                            as measured; needs paired_plain)
+    follow_plain            while the plain steps are fresh (RECENT_SAMPLES of them within the verify curve's horizon,
+                            twice cost_refresh_interval) and no drafted size is, the drafted sizes' verify seconds are
+                            read at the plain steps' current speed: times (verify(1) now) / (verify(1) beside their
+                            samples) (design 53; False: as measured; needs paired_plain and cost_refresh_interval > 0)
     reopen_on_fall          when the choice falls to a smaller drafted budget, the trial interval starts over at
                             ``min_probe_interval`` (design 45; False: it keeps the length the last trials left)
     plain_check_steps       where verification is steep, a sequence that opened on a carried drafted choice runs one
