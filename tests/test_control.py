@@ -726,6 +726,13 @@ def test_a_cost_curve_forgets_all_but_a_sizes_newest_samples():
     assert curve(1) == pytest.approx(0.37)  # its one pair (neighbours before it at the fit's own speed) as measured
     curve.keep_newest(2, 1)  # a size never measured: nothing to forget
     assert set(curve.samples) == {1, 8}
+    curve.keep_newest(8, 0)  # all of them (a slice from -0 would keep every sample): 8 is unmeasured again
+    curve.refit()
+    assert set(curve.samples) == {1} and not curve.has(8) and curve.points() == pytest.approx({1: 0.37})
+    curve.keep_newest(1, 5)  # more than it has: all kept
+    assert list(curve.samples[1]) == [0.37]
+    with pytest.raises(TalonError, match=r"^count: got -1, expected an integer >= 0$"):
+        curve.keep_newest(1, -1)
 
 
 def test_without_plain_steps_the_smallest_tree_is_the_floor():

@@ -119,13 +119,19 @@ class CostCurve:
 
     def keep_newest(self, size: int, count: int) -> None:
         """Forget all but ``size``'s newest ``count`` samples (for the paired size, its older pairs too): what was measured
-        of it before no longer stands for the machine and text at hand (design 46). Call :meth:`refit` before reading."""
+        of it before no longer stands for the machine and text at hand (design 46); ``count`` 0 forgets the size
+        (unmeasured again). Call :meth:`refit` before reading."""
+        if not is_int(count) or count < 0:
+            raise bad_argument("count", count, "an integer >= 0")
         if size not in self.samples:
             return
         for store in (self.samples, self._clocks, self._contexts):
-            store[size] = deque(list(store[size])[-count:], maxlen=self.keep)
+            if count:
+                store[size] = deque(list(store[size])[-count:], maxlen=self.keep)
+            else:  # none kept: the size is unmeasured again (an empty size would weigh 0 in the fit)
+                del store[size]
         if size == self.paired:
-            oldest = self._clocks[size][0] if self._clocks[size] else self.clock
+            oldest = self._clocks[size][0] if size in self._clocks else self.clock
             self._pairs = deque((pair for pair in self._pairs if pair.clock >= oldest), maxlen=self._pairs.maxlen)
         self._stale = True
 
