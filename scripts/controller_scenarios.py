@@ -46,6 +46,10 @@ INTEL_FP32_MS = {"target": {1: 232, 2: 243, 4: 450, 8: 636, 16: 656, 32: 752, 64
 # ... and in bfloat16: verification flat to 32 tokens, a draft forward 0.44 of a target step (64: extrapolated)
 INTEL_BF16_MS = {"target": {1: 209, 2: 204, 4: 205, 8: 213, 16: 220, 32: 241, 64: 300},
                  "draft": {1: 92, 2: 93, 4: 95, 8: 100, 16: 105, 32: 119, 64: 140}}
+# AVX2-only AMD EPYC, float32 packed target with the draft's linears in int8 (2026-12-03, scripts/forward_costs.py
+# --variants float32:auto:int8; also scripts/replay_positions.py's avx2-fp32-int8)
+AVX2_INT8_MS = {"target": {1: 406, 2: 610, 4: 647, 8: 688, 16: 875, 24: 971, 32: 1130, 64: 1913},
+                "draft": {1: 54, 2: 58, 4: 61, 8: 72, 16: 112, 24: 148, 32: 192, 64: 364}}
 # Acceptance like the real Qwen pair's (greedy, bf16 sweep 12 on that CPU): stretches of easy and hard text
 # (a Markov chain over steps), fitted so that fixed N = 8 / 16 / 24 commit about what the real pair's did per
 # step (code: 4.1 / 8.9 / 13.0 against humaneval's 4.3 / 9.6 / 13.8; chat: 3.1 / 4.8 / 5.9 against mt_bench's
@@ -158,8 +162,7 @@ def chat_then_summaries(seeds: int, settings: ControllerSettings, slower: float 
     context, the target confident where the draft is right only 60% of the time). Contexts told as the loop tells
     them. Per block (the chat, the first summary, the other two): per seed auto / plain and N = fixed_budget / plain,
     and the auto runs' reasons."""
-    verify = measured_curve({1: 406, 2: 610, 4: 647, 8: 688, 16: 875, 24: 971, 32: 1130, 64: 1913})
-    draft = measured_curve({1: 54, 2: 58, 4: 61, 8: 72, 16: 112, 24: 148, 32: 192, 64: 364})
+    verify, draft = measured_curve(AVX2_INT8_MS["target"]), measured_curve(AVX2_INT8_MS["draft"])
     chat = World(verify=verify, draft=draft, other=0.015, agree=0.85, confidence=(0.5, 0.95), catch_up=0.011)
     summary = dataclasses.replace(chat, verify=lambda size: slower * verify(size), agree=0.6,
                                   confidence=(0.6, 0.97))

@@ -47,7 +47,7 @@ from typing import Callable
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
 
-from controller_scenarios import INTEL_BF16_MS  # noqa: E402
+from controller_scenarios import AVX2_INT8_MS, INTEL_BF16_MS  # noqa: E402
 from test_control import AVX2_FP32_MS, measured_curve  # noqa: E402
 
 from talon_sd.bench.datasets import check_limit  # noqa: E402
@@ -108,9 +108,7 @@ HARDWARE = {
     # 6-8 ms a prompt row, each timed apart). On sweep 13's trees the acceptance replayed is the float32 draft's (the
     # int8 draft agrees with the target a little less often: 61% of argmaxes against 66%); the trees of
     # docs/bench/online-avx2-fp32-int8-positions were drafted by the int8 draft itself
-    "avx2-fp32-int8": Hardware({1: 406, 2: 610, 4: 647, 8: 688, 16: 875, 24: 971, 32: 1130, 64: 1913},
-                               {1: 54, 2: 58, 4: 61, 8: 72, 16: 112, 24: 148, 32: 192, 64: 364}, 0.015, 0.004, 0.3,
-                               0.024, 0.007),
+    "avx2-fp32-int8": Hardware(AVX2_INT8_MS["target"], AVX2_INT8_MS["draft"], 0.015, 0.004, 0.3, 0.024, 0.007),
     # the same AVX512-BF16 EPYC in float32 with the default kernels (issue 11's hostile case; 2026-12-02:
     # scripts/forward_costs.py --variants float32:default; the target's prefill fitted to the hostile run's ar
     # requests (docs/bench/online-fp32-hostile-d45: 1.3-1.6 s at 36-44 tokens, 13.6-15.2 s at 664-709); the draft's

@@ -189,17 +189,17 @@ def simulate(world_at: Callable[[int], World] | World, steps: int | None, policy
     index = 0
     while (index < steps) if steps is not None else (sum(run.tokens) < tokens):
         left = None if tokens is None else tokens - sum(run.tokens)
-        at = None if context is None else (context + sum(run.tokens),)
+        at = None if context is None else context + sum(run.tokens)
         if controller is not None:
             budget = controller.next_budget(pending - 1 if tell_catch_up else 0, left if tell_catch_up else None,
-                                            *(at or ()))
+                                            context_tokens=at)
             run.choices.append(controller.choice)
             run.reasons.append(controller.reason)
         else:
             budget = policy
         record = simulate_step(world_of(index), seed, index, budget, controller, pending)
         if at is not None:
-            record = dataclasses.replace(record, context_tokens=at[0])
+            record = dataclasses.replace(record, context_tokens=at)
         if controller is not None:
             controller.observe(record)
         committed = len(record.accepted) + 1 if left is None else min(len(record.accepted) + 1, left)
@@ -2090,7 +2090,6 @@ def test_stale_drafted_sizes_are_read_at_the_plain_steps_speed_of_a_plain_spell(
     following.refit()
     # 16 as measured (1.2) and 8's three fresh samples (1.25) pooled by the non-decreasing fit, equal weights
     assert following.points() == pytest.approx({1: 0.65, 8: 1.225, 16: 1.225})
-
 
 
 def test_a_plain_spell_reads_the_carried_drafted_rates_at_its_own_speed():

@@ -8,7 +8,7 @@ import math
 from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Callable, Iterable, Mapping
 
 from ..errors import bad_argument
 from ._checks import is_int, is_seconds, median
@@ -240,12 +240,22 @@ class CostCurve:
             return None
         xs = sorted(others)
         fitted = _fit(xs, [others[x][0] for x in xs], [others[x][1] for x in xs])
+        return self._paired_median(reversed(pairs), lambda size, at, pair: _interpolate(*fitted, size))
+
+    def _paired_median(self, pairs: Iterable[_Pair],
+                       reference: Callable[[int, int | None, _Pair], float | None]) -> float | None:
+        """Designs 42 and 53: over ``pairs`` (newest first), each paired sample's seconds times the median over its
+        neighbours of (``reference(size, context, pair)``, skipped where None) / (the neighbour's seconds), all at the
+        read context (design 33); the median of the newest :data:`PAIRED_KEPT` such values, or None without one."""
         values = []
         for pair in pairs:
-            ratios = [_interpolate(*fitted, size) / seconds for size, y, at in pair.neighbours
-                      if (seconds := self._at_read_context(size, y, at)) > 0]
+            ratios = [known / seconds for size, y, at in pair.neighbours
+                      if (known := reference(size, at, pair)) is not None
+                      and (seconds := self._at_read_context(size, y, at)) > 0]
             if ratios:
                 values.append(self._at_read_context(self.paired, pair.seconds, pair.context) * median(ratios))
+                if len(values) == PAIRED_KEPT:
+                    break
         return median(values) if values else None
 
     def _follow_paired(self, measured: dict[int, tuple[float, float]]) -> None:
@@ -256,8 +266,7 @@ class CostCurve:
         context the stale sizes were measured at), clamped to [1 / :data:`PLAIN_FOLLOW_MAX`, :data:`PLAIN_FOLLOW_MAX`],
         unless that factor lies within :data:`PLAIN_FOLLOW_BAND` of 1 (timing noise, which would tip choices at
         break-even both ways; a long prompt's context or a slow spell moves plain steps by 1.2-1.7x on the AVX2-only
-        EPYC). The
-        latter is the median over the newest :data:`PAIRED_KEPT` paired samples with a stale size among their
+        EPYC). The latter is the median over the newest :data:`PAIRED_KEPT` paired samples with a stale size among their
         neighbours of (its seconds) x (the median over those neighbours of the stale size's seconds / the neighbour's
         seconds), all at the read context (design 33). Only neighbours of the stale sizes themselves count (their fit,
         extrapolated to a fresh size, would read a dear tree as cheap), and only those measured within
@@ -267,17 +276,9 @@ class CostCurve:
         stale = {size: point for size, point in measured.items() if size != self.paired}
         if any(self._fresh(size) >= RECENT_SAMPLES for size in stale):
             return
-        values = []
-        for pair in reversed(self._pairs):
-            ratios = [stale[size][0] / seconds for size, y, at in pair.neighbours
-                      if size in stale and _near(at, pair.context)
-                      and (seconds := self._at_read_context(size, y, at)) > 0]
-            if ratios:
-                values.append(self._at_read_context(self.paired, pair.seconds, pair.context) * median(ratios))
-            if len(values) == PAIRED_KEPT:
-                break
-        then = median(values) if values else 0.0
-        if then <= 0:
+        then = self._paired_median(reversed(self._pairs), lambda size, at, pair: stale[size][0] if size in stale
+                                   and _near(at, pair.context) else None)
+        if then is None or then <= 0:
             return
         scale = min(max(measured[self.paired][0] / then, 1.0 / PLAIN_FOLLOW_MAX), PLAIN_FOLLOW_MAX)
         if 1.0 / (1.0 + PLAIN_FOLLOW_BAND) < scale < 1.0 + PLAIN_FOLLOW_BAND:
