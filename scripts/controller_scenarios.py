@@ -34,7 +34,7 @@ from collections import Counter
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
 
-from test_control import CODE, CPU_FACTS_MS, World, measured_curve, simulate  # noqa: E402
+from test_control import AVX2_INT8_MS, CODE, CPU_FACTS_MS, World, measured_curve, simulate  # noqa: E402
 
 from talon_sd.control import BudgetController, ControllerSettings  # noqa: E402
 
@@ -46,10 +46,6 @@ INTEL_FP32_MS = {"target": {1: 232, 2: 243, 4: 450, 8: 636, 16: 656, 32: 752, 64
 # ... and in bfloat16: verification flat to 32 tokens, a draft forward 0.44 of a target step (64: extrapolated)
 INTEL_BF16_MS = {"target": {1: 209, 2: 204, 4: 205, 8: 213, 16: 220, 32: 241, 64: 300},
                  "draft": {1: 92, 2: 93, 4: 95, 8: 100, 16: 105, 32: 119, 64: 140}}
-# AVX2-only AMD EPYC, float32 packed target with the draft's linears in int8 (2026-12-03, scripts/forward_costs.py
-# --variants float32:auto:int8; also scripts/replay_positions.py's avx2-fp32-int8)
-AVX2_INT8_MS = {"target": {1: 406, 2: 610, 4: 647, 8: 688, 16: 875, 24: 971, 32: 1130, 64: 1913},
-                "draft": {1: 54, 2: 58, 4: 61, 8: 72, 16: 112, 24: 148, 32: 192, 64: 364}}
 # Acceptance like the real Qwen pair's (greedy, bf16 sweep 12 on that CPU): stretches of easy and hard text
 # (a Markov chain over steps), fitted so that fixed N = 8 / 16 / 24 commit about what the real pair's did per
 # step (code: 4.1 / 8.9 / 13.0 against humaneval's 4.3 / 9.6 / 13.8; chat: 3.1 / 4.8 / 5.9 against mt_bench's
@@ -156,25 +152,28 @@ def chat_then_code(seeds: int, settings: ControllerSettings, prompt: int = 60, c
     return out
 
 
-def chat_then_summaries(seeds: int, settings: ControllerSettings, slower: float = 1.3, fixed_budget: int = 8):
-    """Design 53's world, the AVX2-only EPYC with the int8 draft at temperature 1: three 128-token chat requests
-    (100-token prompts), then three summaries (700-token prompts, every verify ``slower`` x as dear over the long
-    context, the target confident where the draft is right only 60% of the time). Contexts told as the loop tells
-    them. Per block (the chat, the first summary, the other two): per seed auto / plain and N = fixed_budget / plain,
-    and the auto runs' reasons."""
+def chat_then_summaries(seeds: int, settings: ControllerSettings, slower: float = 1.3, fixed_budget: int = 8,
+                        chats: int = 3, summaries: int = 3, catch_up: float = 0.011):
+    """Design 53's world, the AVX2-only EPYC with the int8 draft at temperature 1: ``chats`` 128-token chat requests
+    (100-token prompts), then ``summaries`` summaries (700-token prompts, every verify ``slower`` x as dear over the
+    long context, the target confident where the draft is right only 60% of the time), the draft's catch-up
+    ``catch_up`` seconds a token (0.011: the float32 draft on the AVX512-BF16 EPYC; the int8 draft measured 0.004 on
+    the AVX2 host). Contexts told as the loop tells them. Per block (the chat, the first summary, the others): per
+    seed auto / plain and N = fixed_budget / plain, and the auto runs' reasons."""
     verify, draft = measured_curve(AVX2_INT8_MS["target"]), measured_curve(AVX2_INT8_MS["draft"])
-    chat = World(verify=verify, draft=draft, other=0.015, agree=0.85, confidence=(0.5, 0.95), catch_up=0.011)
+    chat = World(verify=verify, draft=draft, other=0.015, agree=0.85, confidence=(0.5, 0.95), catch_up=catch_up)
     summary = dataclasses.replace(chat, verify=lambda size: slower * verify(size), agree=0.6,
                                   confidence=(0.6, 0.97))
-    blocks = ("chat", "first summary", "summaries 2-3")
+    later = "summaries 2-3" if summaries == 3 else f"summaries 2-{summaries}"
+    blocks = (("chat",) if chats else ()) + ("first summary", later)
     out = {block: ([], [], Counter()) for block in blocks}
     for seed in range(seeds):
         controller = BudgetController(settings)
         runs = {block: ([], [], []) for block in blocks}  # auto, plain, fixed runs
-        for request in range(6):
-            text, prompt = (chat, 100) if request < 3 else (summary, 700)
-            block = blocks[0] if request < 3 else blocks[1] if request == 3 else blocks[2]
-            run_seed = 10 * seed + request if request < 3 else 1000 + 10 * seed + request - 3
+        for request in range(chats + summaries):
+            text, prompt = (chat, 100) if request < chats else (summary, 700)
+            block = "chat" if request < chats else "first summary" if request == chats else later
+            run_seed = 10 * seed + request if request < chats else 1000 + 10 * seed + request - chats
             runs[block][0].append(simulate(text, None, controller, seed=run_seed, prompt=prompt, tokens=128,
                                            context=prompt))
             for kept, budget in ((runs[block][1], 1), (runs[block][2], fixed_budget)):
@@ -249,6 +248,12 @@ def main() -> None:
     print(line("fp32 16-token QA after chat", autos, reasons))
     for block, (autos, fixed, reasons) in chat_then_summaries(seeds, settings).items():
         print(line(f"AVX2 int8 chat -> 700-token summaries, T = 1-like: {block}", autos, reasons, fixed))
+    # the same summaries alone from a fresh controller, the catch-up at the int8 draft's measured 4 ms a token
+    # (design 54: the timed five-prompt readings of sum at temperature 1)
+    for block, (autos, fixed, reasons) in chat_then_summaries(seeds, settings, chats=0, summaries=5,
+                                                              catch_up=0.004).items():
+        print(line(f"AVX2 int8 700-token summaries alone, 4 ms catch-up, T = 1-like: {block}", autos, reasons,
+                   fixed))
     # float32 on the Intel Xeon (AMX), 128-token requests: only the 2-node tree is cheap to verify (design 16);
     # "T = 1-like" acceptance is lower agreement; the fixed column is N = 2 here
     for name, text in (("Intel fp32 code, T = 1-like (fixed: N = 2)", world("intel-fp32", 0.004, agree=0.9, confidence=(0.6, 0.99))),

@@ -298,6 +298,12 @@ CPU_FACTS_MS = {  # one target forward over T tokens, 1.5B on this project's CPU
 }
 
 
+# AVX2-only AMD EPYC, float32 packed target with the draft's linears in int8 (2026-12-03, scripts/forward_costs.py
+# --variants float32:auto:int8; also scripts/controller_scenarios.py and replay_positions.py's avx2-fp32-int8)
+AVX2_INT8_MS = {"target": {1: 406, 2: 610, 4: 647, 8: 688, 16: 875, 24: 971, 32: 1130, 64: 1913},
+                "draft": {1: 54, 2: 58, 4: 61, 8: 72, 16: 112, 24: 148, 32: 192, 64: 364}}
+
+
 def measured_curve(table: dict[int, float]) -> Callable[[int], float]:
     sizes = sorted(table)
 
@@ -1403,7 +1409,9 @@ def test_trials_that_lost_are_postponed_where_the_rest_of_a_short_request_cannot
     # Without the target's confidences: with them, design 12 keeps these trials from starting at all.
     chat = World(verify=verify, draft=lambda width: 0.3 * verify(width), other=0.005, agree=0.65,
                  confidence=(0.25, 0.8), catch_up=0.005, report_confidence=False)
-    for settings in (ControllerSettings(explore_min_tokens=0), ControllerSettings()):
+    # Design 11 alone is without design 24 and design 54 (which, with design 24 off, moved a trial blocked at the end
+    # of the 64-token request into the first short answer's first steps: 0.78 of plain there).
+    for settings in (ControllerSettings(explore_min_tokens=0, regret_catch_up=False), ControllerSettings()):
         ratios, postponed, trials = [], 0, 0
         for seed in range(6):
             controller = BudgetController(settings)
@@ -1544,6 +1552,8 @@ def test_the_targets_confidence_keeps_trials_off_text_they_cannot_win_and_starts
     # are postponed ("unpredictable"), on code a trial starts as soon as the text shows it can win. Without
     # it (predict_trials=False): chat 0.966 of plain, code 1.003; with it 0.982 and 1.029 (6 seeds); since design 23
     # (a chain of the draft's top-1 beside the steps' shapes, the catch-up in proportion to tokens) 0.986 and 1.042.
+    # Both without design 54, which leaves the arm with predictions as it is (code 1.034 either way) and raises the
+    # arm without them (code 1.012 -> 1.034): it keeps trials from plain off where their catch-up would not fit.
     verify = measured_curve(CPU_FACTS_MS["fp32"])
 
     def world(**acceptance) -> World:
@@ -1558,7 +1568,8 @@ def test_the_targets_confidence_keeps_trials_off_text_they_cannot_win_and_starts
             for block, text, requests in (("chat", chat, 6), ("code", code, 4)):
                 tokens = seconds = plain_tokens = plain_seconds = 0.0
                 for request in range(requests):
-                    controller = (BudgetController(ControllerSettings(predict_trials=predict)) if controller is None
+                    controller = (BudgetController(ControllerSettings(predict_trials=predict, regret_catch_up=False))
+                                  if controller is None
                                   else controller.for_next_sequence())
                     run_seed = 100 * seed + 10 * request + (block == "code")
                     run = simulate(text, None, controller, seed=run_seed, prompt=60, tokens=64)
@@ -1689,8 +1700,10 @@ def prompt_session(worlds: dict, agreements: dict, kinds: list[str], width: floa
     default): per request (kind, started plain, tokens, seconds, plain decoding's seconds on the same draws, what the
     controller made of the prompt or None)."""
     # (designs 29 and 30 alone: without design 46's plain check, which on these 48-token code answers left a winning
-    # drafted choice after its first steps in 1 of 16 seeds, and so changed how the next prompt starts)
-    controller = BudgetController(ControllerSettings(prompt_prior_width=width, prompt_gap=gap, plain_check_steps=0))
+    # drafted choice after its first steps in 1 of 16 seeds, and so changed how the next prompt starts; and without
+    # design 54, which keeps chat's trials from plain off on its own: chat 0.951 -> 0.961 of plain without the prior)
+    controller = BudgetController(ControllerSettings(prompt_prior_width=width, prompt_gap=gap, plain_check_steps=0,
+                                                     regret_catch_up=False))
     rows = []
     for index, kind in enumerate(kinds):
         controller = controller.for_next_sequence()
@@ -2115,3 +2128,54 @@ def test_a_plain_spell_reads_the_carried_drafted_rates_at_its_own_speed():
     assert following[1] == pytest.approx(0.65) and following[16] == pytest.approx(1.3)
     with pytest.raises(TalonError, match=r"^follow_plain: got 1, expected True or False$"):
         ControllerSettings(follow_plain=1)
+
+
+def summaries_world(catch_up: float = 0.004) -> World:
+    """Sum at temperature 1 on the AVX2-only EPYC with the int8 draft (700-token prompts): every verify 1.3x the
+    measured curve over the long context, the target confident (0.6-0.97) where the draft is right 60% of the time,
+    the draft's catch-up ``catch_up`` seconds a token (0.004 measured there). No fixed budget beats plain decoding."""
+    verify, draft = measured_curve(AVX2_INT8_MS["target"]), measured_curve(AVX2_INT8_MS["draft"])
+    return World(verify=lambda size: 1.3 * verify(size), draft=draft, other=0.015, agree=0.6,
+                 confidence=(0.6, 0.97), catch_up=catch_up)
+
+
+class TrialWatch(BudgetController):
+    """A controller that notes, at every trial it is asked to start, what design 54 weighs (the subclass survives
+    :meth:`BudgetController.for_next_sequence`'s copy)."""
+
+    def _start_trial(self, catch_up: float, expected: float | None) -> int:
+        plain = self._plain_rate()
+        self.starts.append((self._choice, catch_up, self._lost_seconds + catch_up,
+                            self.settings.exploration_share * self._observed_seconds,
+                            self._predicted_saving(expected, plain, None) if plain and expected else 0.0))
+        return super()._start_trial(catch_up, expected)
+
+
+def test_a_trial_from_plain_counts_its_catch_up_against_the_exploration_share():
+    """Design 54 (``regret_catch_up``): five 700-token summaries where drafting never wins, a fresh controller per
+    seed. A trial from plain pays the draft's catch-up over the whole prompt (2.8 s, about 5% of a request), which
+    design 8's share counted only after the trial. Now a due trial from plain starts only while the losses so far
+    plus that catch-up fit the share, or the text predicts a win worth twice the catch-up: checked at every such
+    start (without the design, most starts break it); and the later summaries lose less to plain decoding."""
+    world = summaries_world()
+    ratios, regrets, broken = {}, 0, {}
+    for regret in (False, True):
+        ratios[regret], broken[regret] = [], 0
+        for seed in range(6):
+            controller = TrialWatch(ControllerSettings(regret_catch_up=regret))
+            for request in range(5):
+                controller.starts = []
+                run_seed = 1000 + 10 * seed + request
+                run = simulate(world, None, controller, seed=run_seed, prompt=700, tokens=128, context=700)
+                if request:
+                    plain = simulate(world, None, 1, seed=run_seed, prompt=700, tokens=128, context=700)
+                    ratios[regret].append(run.rate() / plain.rate())
+                regrets += regret and run.reasons.count("trial-regret")
+                broken[regret] += sum(choice == 1 and catch_up > 0 and cost > share and 2 * catch_up > saving
+                                      for choice, catch_up, cost, share, saving in controller.starts)
+                controller = controller.for_next_sequence()
+    assert broken[True] == 0 and broken[False] > 0 and regrets > 0, (broken, regrets)
+    assert statistics.mean(ratios[True]) > statistics.mean(ratios[False]) + 0.005, ratios
+    assert statistics.mean(ratios[True]) >= 0.96, ratios
+    with pytest.raises(TalonError, match=r"^regret_catch_up: got 1, expected True or False$"):
+        ControllerSettings(regret_catch_up=1)

@@ -42,6 +42,7 @@ REASONS = {
     "trial-no-own-draft": "a trial was due but the choice ran no drafted step in this sequence or the last (design 11)",
     "trial-catch-up": "a trial was due but its catch-up costs more than the rest affords (designs 6, 11, 15)",
     "trial-exploration": "a trial was due but trials lost their exploration share already (design 8)",
+    "trial-regret": "a trial was due but its catch-up would take trials' losses past the exploration share (design 54)",
     "trial-dominated": "a trial was due but no probe could beat the choice: counted lost (design 3)",
     "trial-unpredictable": "a trial from plain was due but the recent text predicts no probe wins (design 12)",
     "trial-postponed": "a trial was due but the probe's last trials lost more than the rest affords (design 11)",
@@ -846,12 +847,12 @@ class BudgetController:
             self._released_at = len(self._own_outcomes)
             self._cap_carried_weight(1.0)
 
-    def _exploration_affordable(self) -> bool:
+    def _exploration_affordable(self, catch_up: float = 0.0) -> bool:
         """Bounded regret (design 8): trials may lose at most ``exploration_share`` of the observed seconds
         against the rate of the choice they left (a trial that won gave its loss back), both weighted
         ``0.5 ** (age / exploration_half_life)`` and carried across sequences: the bound holds locally, over
         about the last ``exploration_half_life`` steps, not only over a long run."""
-        return self._lost_seconds <= self.settings.exploration_share * self._observed_seconds
+        return self._lost_seconds + catch_up <= self.settings.exploration_share * self._observed_seconds
 
     # ------------------------------------------------------------------ internals: rates and choice
     def _sums(self, samples: deque, index: int, other: int) -> tuple[float, float, float, float]:
@@ -1104,6 +1105,12 @@ class BudgetController:
             return "trial-catch-up"
         if not self._exploration_affordable():
             return "trial-exploration"
+        # design 54: from plain decoding the catch-up is the trial's own known cost (a drafted choice pays it anyway)
+        plain = self._plain_rate()
+        if (self.settings.regret_catch_up and self._choice == 1 and catch_up > 0 and expected is not None
+                and plain is not None and not self._exploration_affordable(catch_up)
+                and CATCH_UP_MARGIN * catch_up > self._predicted_saving(expected, plain, None)):
+            return "trial-regret"  # it counts before the trial starts, unless the text predicts a win
         return None
 
     def _start_trial(self, catch_up: float, expected: float | None) -> int:

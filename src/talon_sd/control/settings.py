@@ -103,6 +103,11 @@ class ControllerSettings:
                             twice cost_refresh_interval) and no drafted size is, the drafted sizes' verify seconds are
                             read at the plain steps' current speed: times (verify(1) now) / (verify(1) beside their
                             samples) (design 53; False: as measured; needs paired_plain and cost_refresh_interval > 0)
+    regret_catch_up         from plain decoding, a due trial's catch-up counts against the exploration share before it
+                            starts: it starts only if the seconds trials lost plus that catch-up stay within
+                            exploration_share of the observed seconds, unless the sequence's own text predicts a win
+                            that pays the catch-up back twice over or the rest's length is unknown (design 54; False:
+                            the share is checked on past losses alone)
     reopen_on_fall          when the choice falls to a smaller drafted budget, the trial interval starts over at
                             ``min_probe_interval`` (design 45; False: it keeps the length the last trials left)
     plain_check_steps       where verification is steep, a sequence that opened on a carried drafted choice runs one
@@ -155,12 +160,14 @@ class ControllerSettings:
     prompt_gap: float = 0.15
     paired_plain: bool = True
     follow_plain: bool = True
+    regret_catch_up: bool = True
     reopen_on_fall: bool = True
     plain_check_steps: int = 5
     early_check_steps: int = 2
 
     def __post_init__(self) -> None:
-        for name in ("allow_plain", "early_stop", "predict_trials", "paired_plain", "follow_plain", "reopen_on_fall"):
+        for name in ("allow_plain", "early_stop", "predict_trials", "paired_plain", "follow_plain", "regret_catch_up",
+                     "reopen_on_fall"):
             if not isinstance(getattr(self, name), bool):
                 raise bad_argument(name, getattr(self, name), "True or False")
         check_int("max_budget", self.max_budget, 1 if self.allow_plain else 2,
