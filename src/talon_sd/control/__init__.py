@@ -771,6 +771,30 @@ a timed sum-then-qa run read qa 0.922 but sum 0.939, where design 34 read 0.877 
    read 0.955 -> 0.958 of plain decoding (mean), worst seed 0.923 -> 0.945. The rest of that world's loss is the
    first summary's bet on its own confidences (designs 25, 28), not this comparison.
 
+54. A trial from plain counts its catch-up before it starts (``regret_catch_up``; reason ``trial-regret``). Design 8
+   bounds what trials lose to ``exploration_share`` (5%) of the observed seconds, but it checks only the losses
+   already counted. A trial from plain decoding also pays the draft's catch-up over every token it has not seen. In a
+   new sequence that is the whole prompt: on the AVX2-only EPYC with the int8 draft, a 664-token summary prompt costs
+   about 2.7 s, some 5% of a 128-token answer there. In the third temperature-1 reading of sum (docs/BENCHMARKS.md
+   section 5) such a trial at request 242's first two steps accepted one token in two steps, and that request decoded
+   at 0.86x of ``ar``'s seconds a token (3.3 s of draft time). Design 11's bound on a trial's catch-up
+   (``trial_cost_share``, itself 5% of the rest's plain seconds) let it through. Now, from
+   plain, a due trial waits while the seconds lost so far plus its catch-up exceed the share, unless the sequence's
+   own text predicts a win that pays the catch-up back twice over (design 15's margin) or the rest's length is
+   unknown (a long spell of plain steps grows the catch-up without bound and would shut trials out for good). From a
+   drafted choice the catch-up is paid by the choice's own steps and is not the trial's cost. Measured against
+   ``--set regret_catch_up=false``:
+   - ``scripts/controller_scenarios.py --seeds 12``. Its new world is five 700-token summaries from a fresh
+     controller at the int8 draft's measured 4 ms catch-up a token. There summaries 2-5 read 0.953 -> 0.972 of plain
+     decoding (median; mean 0.955 -> 0.971). The "fp32 code" worst seed 0.965 -> 1.055 and "fp32 mid" 0.973 -> 0.976
+     (median). Every other scenario is within 0.004.
+   - Replays (8 seeds). The AVX2 int8 greedy texts, sweep 13 on the bf16 EPYC's and the Xeon's costs, and sum then qa
+     are unchanged. On the older ``avx2-fp32`` costs gsm8k reads 1.183 -> 1.192 of plain and humaneval 1.551 -> 1.545.
+     On ``avx2-fp32-steep`` (24 seeds) all reads 1.003 -> 1.004, with qa 0.966 -> 0.957 (median; mean 0.964 ->
+     0.962): a trial blocked at one request's end starts in a later one.
+   - Tried and left out: an exploration share of 3% as well. Code drafted less: the steep replay's humaneval fell
+     1.107 -> 1.053, and the chat-then-summaries scenario's worst chat seed 1.108 -> 0.989.
+
 Not modelled: keep_growing looks one layer ahead;
 a step stopped early by keep_growing is taken to be what every larger budget would have built (true
 up to keep_growing's own dependence on the budget).
