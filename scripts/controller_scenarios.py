@@ -164,7 +164,9 @@ def chat_then_summaries(seeds: int, settings: ControllerSettings, slower: float 
     chat = World(verify=verify, draft=draft, other=0.015, agree=0.85, confidence=(0.5, 0.95), catch_up=catch_up)
     summary = dataclasses.replace(chat, verify=lambda size: slower * verify(size), agree=0.6,
                                   confidence=(0.6, 0.97))
-    later = "summaries 2-3" if summaries == 3 else f"summaries 2-{summaries}"
+    if summaries < 2:
+        raise ValueError(f"summaries: got {summaries}, expected at least 2 (a first one and the others)")
+    later = f"summaries 2-{summaries}"
     blocks = (("chat",) if chats else ()) + ("first summary", later)
     out = {block: ([], [], Counter()) for block in blocks}
     for seed in range(seeds):

@@ -775,14 +775,17 @@ a timed sum-then-qa run read qa 0.922 but sum 0.939, where design 34 read 0.877 
    bounds what trials lose to ``exploration_share`` (5%) of the observed seconds, but it checks only the losses
    already counted. A trial from plain decoding also pays the draft's catch-up over every token it has not seen. In a
    new sequence that is the whole prompt: on the AVX2-only EPYC with the int8 draft, a 664-token summary prompt costs
-   about 2.7 s, some 5% of a 128-token answer there. In the third temperature-1 reading of sum (docs/BENCHMARKS.md
+   about 2.7 s, 4-5% of a 128-token answer there. In the third temperature-1 reading of sum (docs/BENCHMARKS.md
    section 5) such a trial at request 242's first two steps accepted one token in two steps, and that request decoded
    at 0.86x of ``ar``'s seconds a token (3.3 s of draft time). Design 11's bound on a trial's catch-up
    (``trial_cost_share``, itself 5% of the rest's plain seconds) let it through. Now, from
    plain, a due trial waits while the seconds lost so far plus its catch-up exceed the share, unless the sequence's
    own text predicts a win that pays the catch-up back twice over (design 15's margin) or the rest's length is
-   unknown (a long spell of plain steps grows the catch-up without bound and would shut trials out for good). From a
-   drafted choice the catch-up is paid by the choice's own steps and is not the trial's cost. Measured against
+   unknown (nothing to weigh it against: as before). From a drafted choice the catch-up is paid by the choice's own
+   steps and is not the trial's cost. The observed seconds level off at about 92 steps' worth (half-life 64), so the
+   share admits at most about 4.6 plain steps' seconds of catch-up: on that host (0.34 s a plain step, 4 ms a
+   catch-up token) a prompt of more than about 400 tokens is tried from plain only on a predicted win, and a plain
+   spell's own tokens add to the catch-up the same way. Measured against
    ``--set regret_catch_up=false``:
    - ``scripts/controller_scenarios.py --seeds 12``. Its new world is five 700-token summaries from a fresh
      controller at the int8 draft's measured 4 ms catch-up a token. There summaries 2-5 read 0.953 -> 0.972 of plain

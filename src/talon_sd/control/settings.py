@@ -107,7 +107,9 @@ class ControllerSettings:
                             starts: it starts only if the seconds trials lost plus that catch-up stay within
                             exploration_share of the observed seconds, unless the sequence's own text predicts a win
                             that pays the catch-up back twice over or the rest's length is unknown (design 54; False:
-                            the share is checked on past losses alone)
+                            the share is checked on past losses alone). The share admits at most about 4.6 steps'
+                            seconds of catch-up at 5% (the observed seconds level off at exploration_half_life / ln 2
+                            steps' worth), so from plain a longer prompt is tried only on a predicted win
     reopen_on_fall          when the choice falls to a smaller drafted budget, the trial interval starts over at
                             ``min_probe_interval`` (design 45; False: it keeps the length the last trials left)
     plain_check_steps       where verification is steep, a sequence that opened on a carried drafted choice runs one
