@@ -34,7 +34,8 @@ from collections import Counter
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
 
-from test_control import AVX2_INT8_MS, CODE, CPU_FACTS_MS, World, measured_curve, simulate  # noqa: E402
+from test_control import (AVX2_INT8_MS, CODE, CPU_FACTS_MS, World, measured_curve, simulate,  # noqa: E402
+                          summaries_world)
 
 from talon_sd.control import BudgetController, ControllerSettings  # noqa: E402
 
@@ -162,8 +163,7 @@ def chat_then_summaries(seeds: int, settings: ControllerSettings, slower: float 
     seed auto / plain and N = fixed_budget / plain, and the auto runs' reasons."""
     verify, draft = measured_curve(AVX2_INT8_MS["target"]), measured_curve(AVX2_INT8_MS["draft"])
     chat = World(verify=verify, draft=draft, other=0.015, agree=0.85, confidence=(0.5, 0.95), catch_up=catch_up)
-    summary = dataclasses.replace(chat, verify=lambda size: slower * verify(size), agree=0.6,
-                                  confidence=(0.6, 0.97))
+    summary = summaries_world(catch_up, slower)
     if summaries < 2:
         raise ValueError(f"summaries: got {summaries}, expected at least 2 (a first one and the others)")
     later = f"summaries 2-{summaries}"

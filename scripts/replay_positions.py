@@ -47,8 +47,8 @@ from typing import Callable
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
 
-from controller_scenarios import AVX2_INT8_MS, INTEL_BF16_MS  # noqa: E402
-from test_control import AVX2_FP32_MS, measured_curve  # noqa: E402
+from controller_scenarios import INTEL_BF16_MS  # noqa: E402
+from test_control import AVX2_FP32_MS, AVX2_INT8_MS, measured_curve  # noqa: E402
 
 from talon_sd.bench.datasets import check_limit  # noqa: E402
 from talon_sd.control import BudgetController, ControllerSettings, StepRecord  # noqa: E402

@@ -781,7 +781,11 @@ class BudgetController:
             return True
         if cost <= self.settings.trial_cost_share * expected / plain:
             return True
-        # design 15: more than the share, if the sequence's own text predicts a win that pays it back twice over
+        return self._repaid_by_prediction(cost, expected, plain, probe)  # design 15: more than the share
+
+    def _repaid_by_prediction(self, cost: float, expected: float, plain: float, probe: int | None) -> bool:
+        """Whether the sequence's own text predicts that drafting the expected rest at ``probe`` (None: the best
+        probe rung) pays ``cost`` seconds back :data:`CATCH_UP_MARGIN` times over (designs 15, 54)."""
         return CATCH_UP_MARGIN * cost <= self._predicted_saving(expected, plain, probe)
 
     def _predicted_saving(self, expected: float, plain: float, probe: int | None) -> float:
@@ -1108,12 +1112,13 @@ class BudgetController:
             return "trial-catch-up"
         if not self._exploration_affordable():
             return "trial-exploration"
-        # design 54: from plain decoding the catch-up is the trial's own known cost (a drafted choice pays it anyway)
-        plain = self._plain_rate()
+        # design 54: from plain decoding the catch-up is the trial's own known cost (a drafted choice pays it anyway);
+        # it counts before the trial starts, unless the text predicts a win
         if (self.settings.regret_catch_up and self._choice == 1 and catch_up > 0 and expected is not None
-                and plain is not None and not self._exploration_affordable(catch_up)
-                and CATCH_UP_MARGIN * catch_up > self._predicted_saving(expected, plain, None)):
-            return "trial-regret"  # it counts before the trial starts, unless the text predicts a win
+                and not self._exploration_affordable(catch_up)):
+            plain = self._plain_rate()
+            if plain is not None and not self._repaid_by_prediction(catch_up, expected, plain, None):
+                return "trial-regret"
         return None
 
     def _start_trial(self, catch_up: float, expected: float | None) -> int:
