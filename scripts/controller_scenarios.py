@@ -161,11 +161,11 @@ def chat_then_summaries(seeds: int, settings: ControllerSettings, slower: float 
     ``catch_up`` seconds a token (0.011: the float32 draft on the AVX512-BF16 EPYC; the int8 draft measured 0.004 on
     the AVX2 host). Contexts told as the loop tells them. Per block (the chat, the first summary, the others): per
     seed auto / plain and N = fixed_budget / plain, and the auto runs' reasons."""
+    if summaries < 2:
+        raise ValueError(f"summaries: got {summaries}, expected at least 2 (a first one and the others)")
     verify, draft = measured_curve(AVX2_INT8_MS["target"]), measured_curve(AVX2_INT8_MS["draft"])
     chat = World(verify=verify, draft=draft, other=0.015, agree=0.85, confidence=(0.5, 0.95), catch_up=catch_up)
     summary = summaries_world(catch_up, slower)
-    if summaries < 2:
-        raise ValueError(f"summaries: got {summaries}, expected at least 2 (a first one and the others)")
     later = f"summaries 2-{summaries}"
     blocks = (("chat",) if chats else ()) + ("first summary", later)
     out = {block: ([], [], Counter()) for block in blocks}
