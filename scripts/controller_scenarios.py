@@ -1,24 +1,23 @@
 """The online budget controller in synthetic request sequences: rate against plain decoding, and why.
 
-Runs :class:`talon_sd.control.BudgetController` through the synthetic worlds of ``tests/test_control.py``
+Runs :class:`talon_sd.control.BudgetController` through the synthetic worlds of :mod:`talon_sd.bench.simulate`
 (no model, no clock: a drafter, target and machine simulated from measured cost curves, common random
 numbers per step), one request after another as a server or ``talon bench`` would, and prints per scenario
 the controller's rate over plain decoding's on the same text (min / median / mean / max over seeds), the same for
-a fixed N = 8, and the steps by the controller's reason (:data:`talon_sd.control.REASONS`). It is the scorer
-behind the "tried and not adopted" notes of docs/BENCHMARKS.md section 5: change the controller, rerun,
-compare.
+a fixed N = 8, and the steps by the controller's reason (:data:`talon_sd.control.REASONS`). Rows marked
+"hostile" are those where plain decoding beats every fixed tree. Change the controller, rerun, compare.
 
-    python scripts/controller_scenarios.py [--seeds 16] [--set anchor_z=0]
+    python scripts/controller_scenarios.py [--seeds 16] [--set exploration=0.05]
 
 Scenarios: float32 (verifying T tokens costs about T one-token steps) and bf16 (nearly flat) costs of this
 CPU, code / mid / chat acceptance, six 64-token requests with 120-token prompts (the first request, where a
 fresh controller learns its costs, left out); float32 code and chat with 200-token prompts whose draft-LM
-catch-up costs more than a trial's 5% share (humaneval on the real pair); a float32 sequence of six chat then four code requests; and
-16-token QA answers after two 64-token chat requests (the world of design 11's test); three chat requests then three
-700-token-prompt summaries on the AVX2-only EPYC's int8-draft costs at temperature 1, contexts told (design 53); and float32 costs of an
-Intel Xeon with AMX, where only a 2-node tree is cheap to verify (design 16), 128-token requests; and bf16 costs of
-that Xeon (verification flat to 32 tokens) with acceptance like the real Qwen pair's, five code then five chat
-requests of 128 tokens, scored as issue 11's bar is: auto over the best fixed N of each block (design 17).
+catch-up is dear; a float32 sequence of six chat then four code requests; 16-token QA answers after two
+64-token chat requests; three chat requests then three 700-token-prompt summaries on the AVX2-only EPYC's
+int8-draft costs at temperature 1, and the summaries alone; float32 costs of an Intel Xeon with AMX, where only a
+2-node tree is cheap to verify, 128-token requests; and bf16 costs of that Xeon (verification flat to 32 tokens)
+with acceptance like the real Qwen pair's, five code then five chat requests of 128 tokens, scored against the
+best fixed N of each block.
 """
 
 from __future__ import annotations
@@ -26,27 +25,24 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import pathlib
 import random
 import statistics
-import sys
 from collections import Counter
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
+from talon_sd.bench.simulate import (AVX2_INT8_MS, CPU_FACTS_MS, INTEL_BF16_MS, INTEL_FP32_MS, World, measured_curve,
+                                     rate_ratio as ratio, simulate)
+from talon_sd.control import BudgetController, ControllerSettings
 
-from test_control import (AVX2_INT8_MS, CODE, CPU_FACTS_MS, World, measured_curve, simulate,  # noqa: E402
-                          summaries_world)
-
-from talon_sd.control import BudgetController, ControllerSettings  # noqa: E402
+CODE = dict(agree=0.95, confidence=(0.7, 0.99))  # a 0.5B draft on code
 
 
-# Intel Xeon with AMX, float32 with torch's own kernels (docs/BENCHMARKS.md section 5, "Kernels on a second CPU
-# kind"): a 2-token verify costs 1.04x one token, 4 tokens 1.9x; the draft forward is measured, not 0.3 x verify
-INTEL_FP32_MS = {"target": {1: 232, 2: 243, 4: 450, 8: 636, 16: 656, 32: 752, 64: 1100},
-                 "draft": {1: 88, 2: 91, 4: 178, 8: 216, 16: 248, 32: 284, 64: 420}}
-# ... and in bfloat16: verification flat to 32 tokens, a draft forward 0.44 of a target step (64: extrapolated)
-INTEL_BF16_MS = {"target": {1: 209, 2: 204, 4: 205, 8: 213, 16: 220, 32: 241, 64: 300},
-                 "draft": {1: 92, 2: 93, 4: 95, 8: 100, 16: 105, 32: 119, 64: 140}}
+def summaries_world(catch_up: float = 0.004, slower: float = 1.3) -> World:
+    """Sum at temperature 1 on the AVX2-only EPYC with the int8 draft (700-token prompts): every verify ``slower`` x
+    the measured curve over the long context, the target confident (0.6-0.97) where the draft is right 60% of the
+    time, the draft's catch-up ``catch_up`` seconds a token (0.004 measured there). No fixed budget beats plain."""
+    verify, draft = measured_curve(AVX2_INT8_MS["target"]), measured_curve(AVX2_INT8_MS["draft"])
+    return World(verify=lambda size: slower * verify(size), draft=draft, other=0.015, agree=0.6,
+                 confidence=(0.6, 0.97), catch_up=catch_up)
 # Acceptance like the real Qwen pair's (greedy, bf16 sweep 12 on that CPU): stretches of easy and hard text
 # (a Markov chain over steps), fitted so that fixed N = 8 / 16 / 24 commit about what the real pair's did per
 # step (code: 4.1 / 8.9 / 13.0 against humaneval's 4.3 / 9.6 / 13.8; chat: 3.1 / 4.8 / 5.9 against mt_bench's
@@ -108,11 +104,6 @@ def world(dtype: str, catch_up: float, report_confidence: bool = True, **accepta
                  report_confidence=report_confidence, **acceptance)
 
 
-def ratio(runs, plains) -> float:
-    return (sum(sum(r.tokens) for r in runs) / sum(sum(r.seconds) for r in runs)) / (
-        sum(sum(p.tokens) for p in plains) / sum(sum(p.seconds) for p in plains))
-
-
 def requests(text: World, seeds: int, settings: ControllerSettings, count: int = 6, prompt: int = 120,
              tokens: int = 64, fixed_budget: int = 8):
     """Per seed: auto / plain and N = fixed_budget / plain over requests 2..count, and the auto runs' reasons."""
@@ -155,11 +146,11 @@ def chat_then_code(seeds: int, settings: ControllerSettings, prompt: int = 60, c
 
 def chat_then_summaries(seeds: int, settings: ControllerSettings, slower: float = 1.3, fixed_budget: int = 8,
                         chats: int = 3, summaries: int = 3, catch_up: float = 0.011):
-    """Design 53's world, the AVX2-only EPYC with the int8 draft at temperature 1: ``chats`` 128-token chat requests
+    """The AVX2-only EPYC with the int8 draft at temperature 1: ``chats`` 128-token chat requests
     (100-token prompts), then ``summaries`` summaries (700-token prompts, every verify ``slower`` x as dear over the
     long context, the target confident where the draft is right only 60% of the time), the draft's catch-up
     ``catch_up`` seconds a token (0.011: the float32 draft on the AVX512-BF16 EPYC; the int8 draft measured 0.004 on
-    the AVX2 host). Contexts told as the loop tells them. Per block (the chat, the first summary, the others): per
+    the AVX2 host). Per block (the chat, the first summary, the others): per
     seed auto / plain and N = fixed_budget / plain, and the auto runs' reasons."""
     if summaries < 2:
         raise ValueError(f"summaries: got {summaries}, expected at least 2 (a first one and the others)")
@@ -176,10 +167,9 @@ def chat_then_summaries(seeds: int, settings: ControllerSettings, slower: float 
             text, prompt = (chat, 100) if request < chats else (summary, 700)
             block = "chat" if request < chats else "first summary" if request == chats else later
             run_seed = 10 * seed + request if request < chats else 1000 + 10 * seed + request - chats
-            runs[block][0].append(simulate(text, None, controller, seed=run_seed, prompt=prompt, tokens=128,
-                                           context=prompt))
+            runs[block][0].append(simulate(text, None, controller, seed=run_seed, prompt=prompt, tokens=128))
             for kept, budget in ((runs[block][1], 1), (runs[block][2], fixed_budget)):
-                kept.append(simulate(text, None, budget, seed=run_seed, prompt=prompt, tokens=128, context=prompt))
+                kept.append(simulate(text, None, budget, seed=run_seed, prompt=prompt, tokens=128))
             out[block][2].update(runs[block][0][-1].reasons)
             controller = controller.for_next_sequence()
         for block, (autos, plains, fixed) in runs.items():
@@ -251,12 +241,12 @@ def main() -> None:
     for block, (autos, fixed, reasons) in chat_then_summaries(seeds, settings).items():
         print(line(f"AVX2 int8 chat -> 700-token summaries, T = 1-like: {block}", autos, reasons, fixed))
     # the same summaries alone from a fresh controller, the catch-up at the int8 draft's measured 4 ms a token
-    # (design 54: the timed five-prompt readings of sum at temperature 1)
+    #
     for block, (autos, fixed, reasons) in chat_then_summaries(seeds, settings, chats=0, summaries=5,
                                                               catch_up=0.004).items():
         print(line(f"AVX2 int8 700-token summaries alone, 4 ms catch-up, T = 1-like: {block}", autos, reasons,
                    fixed))
-    # float32 on the Intel Xeon (AMX), 128-token requests: only the 2-node tree is cheap to verify (design 16);
+    # float32 on the Intel Xeon (AMX), 128-token requests: only the 2-node tree is cheap to verify;
     # "T = 1-like" acceptance is lower agreement; the fixed column is N = 2 here
     for name, text in (("Intel fp32 code, T = 1-like (fixed: N = 2)", world("intel-fp32", 0.004, agree=0.9, confidence=(0.6, 0.99))),
                        ("Intel fp32 chat, T = 1-like (fixed: N = 2)", world("intel-fp32", 0.004, agree=0.7, confidence=(0.3, 0.9))),
@@ -268,7 +258,7 @@ def main() -> None:
     for kind, (autos, sixteen, reasons) in real_pair_sequence(max(seeds // 2, 1), settings).items():
         print(line(f"Intel bf16 real-pair-like {kind} (auto / best fixed N; fixed: auto / N = 16)", autos, reasons,
                    sixteen))
-    # ... and with the 2-core Xeon's slow spells (design 21): a fifth of 8-step blocks run 1.3x slow
+    # ... and with the 2-core Xeon's slow spells: a fifth of 8-step blocks run 1.3x slow
     for kind, (autos, sixteen, reasons) in real_pair_sequence(max(seeds // 2, 1), settings, spells=0.2).items():
         print(line(f"Intel bf16 real-pair-like {kind}, slow spells (auto / best fixed N; fixed: auto / N = 16)",
                    autos, reasons, sixteen))

@@ -18,38 +18,28 @@ def make_drafter(kind: str, draft_model, vocab: int):
 
 
 class CyclingController(BudgetController):
-    """A controller that walks a fixed budget sequence (plain steps included) and stops growth every
-    third check: exercises every budget change the real controller could make, deterministically."""
+    """A controller that walks a fixed budget sequence (plain steps included): exercises every budget change the
+    real controller could make, deterministically, and records what the loop told it."""
 
     BUDGETS = (6, 1, 2, 12, 1, 1, 4, 20, 3, 1, 9)
 
-    def __init__(self, max_budget: int = 24, prompt_prior_width: float = 0.0) -> None:
-        # (no prompt prior unless asked: the catch-up tests expect the prompt to wait for the first drafted step)
-        super().__init__(ControllerSettings(max_budget=max_budget, initial_budget=6,
-                                            prompt_prior_width=prompt_prior_width))
-        self.calls, self.budgets = 0, []
+    def __init__(self, max_budget: int = 24) -> None:
+        super().__init__(ControllerSettings(max_budget=max_budget, initial_budget=6))
+        self.budgets: list[int] = []
         self.asked: list[tuple[int, int | None]] = []  # (catch_up_tokens, tokens_left) the loop gave each step
         self.committed: list[int] = []  # tokens each step committed (bonus included)
         self.caught_up_apart: list[bool] = []  # whether each step's record timed a catch-up forward apart
-        self.contexts: list[tuple[int | None, int | None]] = []  # (asked with, recorded) context tokens per step
 
-    def next_budget(self, catch_up_tokens: int = 0, tokens_left: int | None = None,
-                    context_tokens: int | None = None) -> int:
+    def next_budget(self, catch_up_tokens: int = 0, tokens_left: int | None = None) -> int:
         budget = min(self.BUDGETS[len(self.budgets) % len(self.BUDGETS)], max_budget_of(self))
         self.budgets.append(budget)
         self.asked.append((catch_up_tokens, tokens_left))
-        self.contexts.append((context_tokens, None))
         return budget
 
     def observe(self, record) -> None:
         self.committed.append(len(record.accepted) + 1)
         self.caught_up_apart.append(record.catch_up_seconds is not None)
-        self.contexts[-1] = (self.contexts[-1][0], record.context_tokens)
         super().observe(record)
-
-    def keep_growing(self, tree_log_p, frontier, widths_so_far, budget) -> bool:
-        self.calls += 1
-        return self.calls % 3 != 0
 
 
 def max_budget_of(controller) -> int:

@@ -8,7 +8,6 @@ import torch
 from conftest import DEVICE, VOCAB, plain_greedy
 from helpers import make_drafter, run
 from talon_sd.config import TreeConfig
-from talon_sd.control.controller import _bucket
 
 PROMPTS = [[5, 17, 33, 8, 5, 17], [3, 9, 27, 81 % 96, 50, 60, 3, 9], [40]]
 
@@ -116,107 +115,7 @@ def test_the_loop_tells_the_controller_the_drafters_catch_up_and_the_tokens_left
                                                  catches_up=drafter_kind == "model")
     if drafter_kind == "model":  # plain steps did leave tokens to catch up
         assert {caught for caught, _ in controller.asked} > {0}
-    # design 33: each step is asked for, and recorded at, the target's cache: the prompt but its last token, and
-    # every token committed since
-    cached = [len(prompt) - 1 + sum(controller.committed[:i]) for i in range(len(controller.committed))]
-    assert controller.contexts == [(context, context) for context in cached]
-    # design 23: only the first drafted step's catch-up (the prompt, and plain steps' tokens before it) runs apart
+    # only the first drafted step's catch-up (the prompt, and plain steps' tokens before it) runs apart
     first_drafted = next(i for i, budget in enumerate(controller.budgets) if budget > 1)
     assert controller.caught_up_apart == [drafter_kind == "model" and i == first_drafted
                                           for i in range(len(controller.budgets))]
-
-
-def prompt_agreement(target, draft, prompt) -> float:
-    """The draft's mean probability of the target's argmax over the prompt's positions (all but its last token;
-    design 44), computed here from whole forwards without a cache."""
-    context = torch.tensor(prompt[:-1], device=DEVICE)[None]
-    with torch.no_grad():
-        top_target = target(input_ids=context).logits[0].argmax(-1)  # [L - 1]
-        p_draft = torch.softmax(draft(input_ids=context).logits[0, :, :VOCAB].float(), dim=-1)  # [L - 1, V]
-    return p_draft.gather(1, top_target[:, None]).mean().item()
-
-
-@pytest.mark.parametrize("pairs", [(), ((None, 0.6), (None, 0.7))])
-def test_the_loop_measures_the_prompts_agreement_where_the_controller_asks(llama_pair, pairs):
-    """Design 29: the loop tells the controller the prompt's draft/target agreement before the first step; the draft
-    LM then forwards its prompt at once (no catch-up left for the first drafted step). Where earlier sequences that
-    agreed alike drafted slower than plain decoding, the first step is plain. The output never changes."""
-    from helpers import CyclingController
-
-    target, draft = llama_pair
-    prompt = PROMPTS[1]
-    agreement = prompt_agreement(target, draft, prompt)
-    controller = CyclingController(prompt_prior_width=0.05)
-    controller._prompt_pairs.extend((agreement, speed) for _, speed in pairs)  # what earlier sequences taught
-    assert controller.prompt_agreement_due()
-    tokens, stats = run(target, make_drafter("model", draft, VOCAB), TreeConfig("talon", budget="auto", topk=4),
-                        prompt, 40, controller=controller)
-    assert tokens == plain_greedy(target, prompt, 40)
-    prior = controller.prompt_prior
-    assert prior["agreement"] == pytest.approx(agreement, abs=1e-4)
-    assert stats.prompt_agreement == pytest.approx(agreement) and stats.prompt_started_plain == bool(pairs)
-    assert stats.to_dict()["carried_released_after"] is None  # a first sequence carries nothing to release
-    assert prior["started_plain"] == bool(pairs) and controller.choice == (1 if pairs else 6)
-    assert controller.asked[0] == (0, 40)  # the prompt is in the draft's cache before the first step
-    assert not any(controller.caught_up_apart)
-    # design 38: that prompt forward is the controller's catch-up sample at the prompt's size (the plain steps here
-    # leave at most 3 tokens to catch up: buckets up to 4)
-    assert _bucket(len(prompt) - 1) == 8 and 8 in controller.catch_up_cost.samples
-
-
-def test_the_loop_records_when_the_controller_released_its_carried_samples(llama_pair):
-    """Designs 8 and 47: the stats say after how many drafted steps the controller let the carried samples go (what
-    the controller's ``released_after`` reads at the end), here a controller that lets go at its third step."""
-    from helpers import CyclingController
-
-    class Releasing(CyclingController):
-        def observe(self, record) -> None:
-            super().observe(record)
-            if len(self.budgets) == 3:
-                self._released_at = 2
-
-    target, draft = llama_pair
-    controller = Releasing()
-    tokens, stats = run(target, make_drafter("model", draft, VOCAB), TreeConfig("talon", budget="auto", topk=4),
-                        PROMPTS[1], 20, controller=controller)
-    assert tokens == plain_greedy(target, PROMPTS[1], 20)
-    assert controller.released_after == 2 and stats.to_dict()["carried_released_after"] == 2
-
-
-def test_the_prompt_measurements_catch_up_sample_leaves_the_output_head_out(llama_pair, monkeypatch):
-    """Design 40: the catch-up sample that measuring a prompt's agreement gives the controller (design 38) times the
-    draft's decoder stack over the prompt, what a first drafted step's catch-up runs, not the output head over the
-    agreement rows. A fake clock advances 1 s in the decoder stack and 100 s in the output head."""
-    import talon_sd.decoding as decoding
-    from helpers import CyclingController
-    from talon_sd.lm import CausalLM
-
-    class Clock:
-        now = 0.0
-
-        @staticmethod
-        def perf_counter() -> float:
-            return Clock.now
-
-    def advancing(method, seconds):
-        def wrapped(self, *args, **kwargs):
-            Clock.now += seconds if self.role == "draft" else 0.0
-            return method(self, *args, **kwargs)
-        return wrapped
-
-    monkeypatch.setattr(decoding, "time", Clock)
-    monkeypatch.setattr(CausalLM, "prefill_states", advancing(CausalLM.prefill_states, 1.0))
-    monkeypatch.setattr(CausalLM, "head_logits", advancing(CausalLM.head_logits, 100.0))
-    target, draft = llama_pair
-    prompt = PROMPTS[1]
-    controller = CyclingController(prompt_prior_width=0.05)
-    samples: list[tuple[int, float]] = []
-    observe_catch_up = controller.observe_catch_up
-    controller.observe_catch_up = lambda tokens, seconds: (samples.append((tokens, seconds)),
-                                                           observe_catch_up(tokens, seconds))
-    drafter = make_drafter("model", draft, VOCAB)
-    tokens, stats = run(target, drafter, TreeConfig("talon", budget="auto", topk=4), prompt, 20, controller=controller)
-    assert tokens == plain_greedy(target, prompt, 20)
-    assert stats.prompt_agreement == pytest.approx(prompt_agreement(target, draft, prompt))  # the head did run
-    assert samples == [(len(prompt) - 1, 1.0)]
-    assert drafter.prompt_states is None  # the prompt's hidden states are not kept past the measurement

@@ -1,8 +1,9 @@
-"""Sampling is lossless: the joint law of the first generated tokens equals the target's.
+"""Sampling is lossless and seeded: the joint law of the first generated tokens equals the target's, and the text is
+a function of (prompt, seed) alone, the same for plain decoding and for every drafter, tree and budget.
 
-A tiny-vocabulary target and a deliberately different draft; thousands of seeded generations of
-two tokens; a chi-square test against the exact joint distribution enumerated from the target.
-A negative control shows the test has the power to reject a wrong distribution.
+A tiny-vocabulary target and a deliberately different draft; thousands of seeded generations of two or three
+tokens; a chi-square test against the exact joint distribution enumerated from the target. Negative controls show
+that the oracle and the chi-square test catch a rule whose noise is keyed by the step or reused across positions.
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from conftest import noisy_copy, tiny_model
+from conftest import VOCAB, noisy_copy, tiny_model
 from helpers import make_drafter, run
 from talon_sd.config import SamplingConfig, TreeConfig
-from talon_sd.verify import Acceptance, accept_greedy, accept_sampling, warp
+from talon_sd.control import BudgetController, ControllerSettings
 from talon_sd.tree import DraftTree
+from talon_sd.verify import Acceptance, PositionNoise, accept_greedy, accept_sampling, noise_key, warp, warp_scores
 
 V = 6
 PROMPT = [1, 4, 2]
@@ -94,105 +96,136 @@ def test_joint_law_for_more_trees_drafters_and_warpers(small_vocab_pair, tree, s
     assert chi_square_p(counts, probs) > 1e-3
 
 
-def test_chi_square_rejects_a_rule_without_renormalisation(small_vocab_pair, monkeypatch):
-    """The broken rule draws the recovered token from p_target instead of the residual: the test must see it."""
+def test_chi_square_rejects_noise_reused_across_positions(small_vocab_pair, monkeypatch):
+    """A broken rule that draws every position with the same noise (keyed by the seed alone): the tokens of one
+    text are then no longer independent draws, and the chi-square test of the joint law must see it."""
     target, draft = small_vocab_pair
-    monkeypatch.setattr("talon_sd.verify._remove_rejected", lambda residual, token: None)
-    tree = TreeConfig("talon", budget=8, topk=3)
-    counts = sampled_counts(target, draft, tree, T1)
-    assert chi_square_p(counts, exact_joint(target, T1)) < 1e-3
+    monkeypatch.setattr("talon_sd.verify.noise_key", lambda seed, position: noise_key(seed, 0))
+    counts = sampled_counts(target, draft, TreeConfig("talon", budget=8, topk=3), T1, length=3, runs=1000)
+    assert chi_square_p(counts, exact_joint(target, T1, length=3)) < 1e-3
 
 
-class EnumeratedDraws:
-    """Replays scripted choices, takes the first option at each new decision and lists the others:
-    with :func:`enumerate_rule` it walks every outcome of the rule with the probability the rule gave it."""
-
-    def __init__(self, script):
-        self.script, self.made, self.probability, self.alternatives = list(script), [], 1.0, []
-
-    def _next(self, options):  # options: [(choice, probability > 0)]
-        position = len(self.made)
-        if position < len(self.script):
-            choice = self.script[position]
-        else:
-            choice = options[0][0]
-            self.alternatives += [(position, other) for other, _ in options[1:]]
-        self.made.append(choice)
-        self.probability *= dict(options)[choice]
-        return choice
-
-    def bernoulli(self, probability):
-        return self._next([(c, q) for c, q in ((True, probability), (False, 1.0 - probability)) if q > 0])
-
-    def categorical(self, probabilities):
-        return self._next([(i, float(probabilities[i])) for i in range(probabilities.numel()) if probabilities[i] > 0])
+# ------------------------------------------------------------------------------- the seeded oracle
+SAMPLINGS = [SamplingConfig(do_sample=True, temperature=0.7, top_p=0.9),
+             SamplingConfig(do_sample=True, temperature=1.0, top_k=20)]
+TREES = [TreeConfig("chain", depth=3), TreeConfig("static", budget=10), TreeConfig("eagle", budget=12, topk=3, depth=4),
+         TreeConfig("talon", budget=2, topk=1), TreeConfig("talon", budget=16, topk=4), TreeConfig("talon", budget="auto"),
+         TreeConfig("eagle", budget="auto", topk=3, depth=4), TreeConfig("chain", budget="auto")]
+PROMPTS = [[5, 17, 33, 8, 5, 17], [40]]
 
 
-def enumerate_rule(tree, logits, sampling):
-    """Every outcome of accept_sampling with its exact probability: {new tokens: probability}."""
-    outcomes, stack = {}, [[]]
-    while stack:
-        draws = EnumeratedDraws(stack.pop())
-        key = tuple(accept_sampling(tree, logits, sampling, draws).new_tokens)
-        outcomes[key] = outcomes.get(key, 0.0) + draws.probability
-        stack += [draws.made[:position] + [choice] for position, choice in draws.alternatives]
-    return outcomes
+def seeded(sampling: SamplingConfig, seed: int) -> SamplingConfig:
+    return SamplingConfig(**{**sampling.__dict__, "seed": seed})
 
 
-def test_accept_rule_by_exact_enumeration(monkeypatch):
-    """A depth-2 tree with non-trivial target and draft distributions: summing the rule's outcomes exactly,
-    the first two committed tokens (continued by the target when a step commits one) follow p_target.
-    The same enumeration of the rule without renormalisation is visibly wrong."""
-    generator = torch.Generator().manual_seed(3)
-    table = {}
-
-    def target_logits(context):
-        if context not in table:
-            table[context] = torch.randn(V, generator=generator) * 1.5
-        return table[context]
-
-    # root (token 0) -> children 3, 1, 4; child 3 -> children 2, 5
-    tree = DraftTree.root(0).extend(torch.tensor([0, 0, 0]), torch.tensor([3, 1, 4]), torch.tensor([-0.5, -1.0, -2.0]))
-    tree = tree.extend(torch.tensor([1, 1]), torch.tensor([2, 5]), torch.tensor([-1.0, -1.5]))
-    contexts = [(), (3,), (1,), (4,), (3, 2), (3, 5)]
-    logits = torch.stack([target_logits(c) for c in contexts])
-    for sampling in (T1, TOPK3, T07):
-        expected = torch.stack([warp(target_logits(()), sampling)[a] * warp(target_logits((a,)), sampling)
-                                for a in range(V)]).double()  # [V, V]
-
-        def law(outcomes):
-            joint = torch.zeros(V, V, dtype=torch.float64)
-            for tokens, probability in outcomes.items():
-                if len(tokens) >= 2:
-                    joint[tokens[0], tokens[1]] += probability
-                else:
-                    joint[tokens[0]] += probability * warp(target_logits(tokens), sampling).double()
-            return joint
-
-        outcomes = enumerate_rule(tree, logits, sampling)
-        assert abs(sum(outcomes.values()) - 1.0) < 1e-12
-        assert sampling is not T1 or any(len(tokens) == 3 for tokens in outcomes)  # the deep branch is reachable
-        torch.testing.assert_close(law(outcomes), expected, atol=1e-6, rtol=0)  # warp is float32
-        with monkeypatch.context() as patched:
-            patched.setattr("talon_sd.verify._remove_rejected", lambda residual, token: None)
-            broken = law(enumerate_rule(tree, logits, sampling))
-        assert float((broken - expected).abs().max()) > 1e-3
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=["T=0.7,top_p=0.9", "T=1,top_k=20"])
+@pytest.mark.parametrize("drafter_kind", ["model", "ngram"])
+@pytest.mark.parametrize("tree", TREES, ids=lambda t: t.label)
+def test_a_seeded_sample_is_the_same_text_as_plain_decoding(llama_pair, sampling, drafter_kind, tree):
+    """Token for token the ``ar`` output for the same seed, whatever the drafter, tree and budget (an auto budget
+    runs the cycling controller: plain steps and budget changes); another seed gives other tokens."""
+    target, draft = llama_pair
+    drafter = make_drafter(drafter_kind, draft, VOCAB)
+    for prompt in PROMPTS:
+        plain = {seed: run(target, None, TreeConfig("ar"), prompt, 40, sampling=seeded(sampling, seed))[0]
+                 for seed in (7, 8)}
+        assert plain[7] != plain[8]
+        tokens, stats = run(target, drafter, tree, prompt, 40, sampling=seeded(sampling, 7))
+        assert tokens == plain[7], (tree.label, drafter_kind, prompt)
+        assert stats.seed == 7 and stats.new_tokens == 40
 
 
-def test_recursive_rejection_on_hand_built_logits():
-    """Root with two children; the target puts all its mass on the second child's token."""
+@pytest.mark.parametrize("pair_name", ["llama_pair", "qwen_pair"])
+@pytest.mark.parametrize("method", ["talon", "eagle", "chain"])
+def test_a_seeded_sample_is_the_same_text_with_the_real_online_controller(request, pair_name, method):
+    target, draft = request.getfixturevalue(pair_name)
+    for sampling in SAMPLINGS:
+        plain, _ = run(target, None, TreeConfig("ar"), PROMPTS[0], 40, sampling=seeded(sampling, 3))
+        controller = BudgetController(ControllerSettings(max_budget=24, initial_budget=8))
+        tokens, stats = run(target, make_drafter("model", draft, VOCAB), TreeConfig(method, budget="auto"), PROMPTS[0],
+                            40, sampling=seeded(sampling, 3), controller=controller)
+        assert tokens == plain
+        assert len(set(stats.budgets)) > 1  # its own choices varied the trees
+
+
+def test_the_oracle_catches_noise_keyed_by_the_step(llama_pair, monkeypatch):
+    """A broken rule keyed by the verify step instead of the position: plain decoding still samples correctly (one
+    token a step), but a tree that commits several tokens a step reads other noise, and the oracle sees it."""
+    import talon_sd.decoding as decoding
+
+    steps = {"count": 0}
+    original = decoding.accept
+
+    def by_step(tree, logits, sampling, noise, root_position):
+        steps["count"] += 1
+        return original(tree, logits, sampling, noise, steps["count"])
+
+    monkeypatch.setattr(decoding, "accept", by_step)
+    target, draft = llama_pair
+    differs = []
+    for seed in range(4):
+        steps["count"] = 0
+        plain, _ = run(target, None, TreeConfig("ar"), PROMPTS[0], 40, sampling=seeded(SAMPLINGS[0], seed))
+        steps["count"] = 0
+        tokens, stats = run(target, make_drafter("model", draft, VOCAB), TreeConfig("talon", budget=16, topk=4),
+                            PROMPTS[0], 40, sampling=seeded(SAMPLINGS[0], seed))
+        differs.append(tokens != plain and stats.mat > 1)
+    assert any(differs)
+
+
+def test_without_a_seed_each_generation_draws_one_and_reports_it(llama_pair):
+    target, draft = llama_pair
+    unseeded = SamplingConfig(do_sample=True, temperature=1.0)
+    tokens, stats = run(target, make_drafter("model", draft, VOCAB), TreeConfig("talon", budget=8), PROMPTS[0], 30,
+                        sampling=unseeded)
+    again, other = run(target, make_drafter("model", draft, VOCAB), TreeConfig("talon", budget=8), PROMPTS[0], 30,
+                       sampling=unseeded)
+    assert stats.seed is not None and other.seed is not None and stats.seed != other.seed
+    replayed, _ = run(target, None, TreeConfig("ar"), PROMPTS[0], 30, sampling=seeded(unseeded, stats.seed))
+    assert replayed == tokens  # the reported seed reproduces the text
+    assert run(target, None, TreeConfig("ar"), PROMPTS[0], 30)[1].seed is None  # greedy draws nothing
+
+
+# ------------------------------------------------------------------------------- the rule on hand-built logits
+def test_the_keyed_draw_follows_p_target():
+    """Over many seeds, one position's draw has the warped distribution's frequencies (1,000 tokens)."""
+    logits = torch.randn(1000, generator=torch.Generator().manual_seed(0)) * 2
+    sampling = SamplingConfig(do_sample=True, temperature=0.8, top_k=8)
+    p_target = warp(logits, sampling)
+    counts = torch.zeros(1000)
+    for seed in range(4000):
+        counts[PositionNoise(seed).draw(warp_scores(logits, sampling), 5)] += 1
+    assert counts[p_target == 0].sum() == 0  # never outside top-k
+    assert chi_square_p(counts[p_target > 0], p_target[p_target > 0]) > 1e-3
+
+
+def test_the_walk_follows_the_draws_on_hand_built_logits():
+    """Root with two children; the target puts all its mass on the second child's token, then on token 5."""
     tree = DraftTree.root(0).extend(torch.tensor([0, 0]), torch.tensor([3, 4]), torch.tensor([-0.1, -0.2]))
     logits = torch.full((3, V), -1e9)
     logits[0, 4] = 0.0  # at the root the target only allows token 4
     logits[2, 5] = 0.0  # after token 4 only token 5
     for seed in range(20):
-        result = accept_sampling(tree, logits, SamplingConfig(do_sample=True), torch.Generator().manual_seed(seed))
+        result = accept_sampling(tree, logits, SamplingConfig(do_sample=True), PositionNoise(seed), 10)
         assert result == Acceptance(path=[0, 2], tokens=[4], bonus_token=5)
     assert accept_greedy(tree, logits) == Acceptance(path=[0, 2], tokens=[4], bonus_token=5)
     logits[0] = -1e9
-    logits[0, 1] = 0.0  # neither child: both rejected, the recovered token is 1
-    result = accept_sampling(tree, logits, SamplingConfig(do_sample=True), torch.Generator().manual_seed(0))
-    assert result == Acceptance(path=[0], tokens=[], bonus_token=1)
+    logits[0, 1] = 0.0  # neither child: the bonus is the target's own token 1
+    assert accept_sampling(tree, logits, SamplingConfig(do_sample=True), PositionNoise(0), 10) == Acceptance([0], [], 1)
+
+
+def test_a_nodes_draw_is_the_draw_at_its_position():
+    """The token drawn at a depth-d node is the keyed draw at root position + d + 1, whatever the tree."""
+    generator = torch.Generator().manual_seed(1)
+    logits = torch.randn(3, V, generator=generator)
+    sampling = SamplingConfig(do_sample=True, temperature=1.0)
+    noise = PositionNoise(5)
+    first = noise.draw(warp_scores(logits[0], sampling), 8)
+    second = noise.draw(warp_scores(logits[1], sampling), 9)
+    tree = DraftTree.root(0).extend(torch.tensor([0]), torch.tensor([first]), torch.tensor([-0.1]))
+    tree = tree.extend(torch.tensor([1]), torch.tensor([second]), torch.tensor([-0.2]))
+    result = accept_sampling(tree, logits, sampling, noise, 7)
+    assert result.path == [0, 1, 2] and result.bonus_token == noise.draw(warp_scores(logits[2], sampling), 10)
 
 
 def test_warp_follows_hf_top_k_and_top_p():
@@ -209,26 +242,6 @@ def test_warp_follows_hf_top_k_and_top_p():
         torch.testing.assert_close(ours, scores.softmax(-1))
 
 
-def test_residuals_are_normalised_in_float64_over_a_large_vocabulary():
-    """With 151936 tokens a float32 sum drifts by ~1e-5; the rule must hand out float64 probabilities
-    that sum to 1 (the recovered-token draw) and acceptance ratios computed in float64."""
-    vocab = 151936
-    logits = torch.randn(2, vocab, generator=torch.Generator().manual_seed(0)) * 4
-    tree = DraftTree.root(0).extend(torch.tensor([0]), torch.tensor([int(logits[0].argmax())]), torch.tensor([-0.1]))
-    seen = {}
-
-    class Recording(EnumeratedDraws):
-        def bernoulli(self, probability):
-            seen["bernoulli"] = probability
-            return False  # reject the child: the recovered token comes from the residual
-
-        def categorical(self, probabilities):
-            seen["categorical"] = probabilities
-            return 7
-
-    accept_sampling(tree, logits, T1, Recording([]))
-    p_target = torch.softmax(logits[0].double(), -1)
-    x = int(tree.tokens[1])
-    assert seen["categorical"].dtype == torch.float64
-    assert abs(float(seen["categorical"].sum()) - 1.0) < 1e-12 and float(seen["categorical"][x]) == 0.0
-    assert abs(seen["bernoulli"] - float(p_target[x])) < 1e-6
+def test_noise_keys_differ_across_seeds_and_positions():
+    keys = {noise_key(seed, position) for seed in range(50) for position in range(50)}
+    assert len(keys) == 2500 and all(0 <= key < 2 ** 64 for key in keys)

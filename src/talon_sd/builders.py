@@ -22,7 +22,7 @@ Builders, registered by name in :data:`BUILDERS`:
   overflow cut to the remaining budget, no depth cap; stops when the budget N (root counted) is full.
 
 Online control (:mod:`talon_sd.control`): ``build`` takes an optional :class:`StepPlan` that sets this
-step's budget and may stop growth before a draft forward (``keep_growing``). A builder also states its
+step's budget. A builder also states its
 *inclusion order* (:meth:`TreeBuilder.inclusion_order`): the order in which it adds nodes as the
 budget grows, such that the tree it builds with budget k is exactly the first k nodes in that order
 (TALON, chain, static: index order, whole layers then the best of the cut layer; EAGLE: score order
@@ -43,22 +43,16 @@ from .config import TreeConfig
 from .tree import DraftTree
 
 Expander = Callable[[DraftTree, torch.Tensor], torch.Tensor]
-# keep_growing(tree, frontier [F]) -> False to stop before the draft forward that would expand ``frontier``
-GrowthCheck = Callable[[DraftTree, torch.Tensor], bool]
 
 
 @dataclass(frozen=True)
 class StepPlan:
     """One step's settings from an online controller: the budget N (root counted; 1 = the root alone,
-    no draft forward), an optional check asked before every draft forward but the first, and why the
-    controller chose N (a key of :data:`talon_sd.control.REASONS`; for the stats only)."""
+    no draft forward) and why the controller chose N (a key of :data:`talon_sd.control.REASONS`; for the
+    stats only)."""
 
     budget: int
-    keep_growing: GrowthCheck | None = None
     reason: str = ""
-
-    def grows(self, tree: DraftTree, frontier: torch.Tensor) -> bool:
-        return self.keep_growing is None or bool(self.keep_growing(tree, frontier))
 
 
 class TreeBuilder(ABC):
@@ -135,8 +129,6 @@ class ChainBuilder(TreeBuilder):
         length = _planned(self.length + 1 if self.length is not None else None, plan) - 1
         for _ in range(length):
             leaf = torch.tensor([tree.size - 1], device=device)
-            if plan is not None and tree.size > 1 and not plan.grows(tree, leaf):
-                break
             parents, tokens, scores = _children_of(leaf, tree, expand(tree, leaf), 1)
             if parents.numel() == 0:
                 break
@@ -232,8 +224,6 @@ class EagleBuilder(TreeBuilder):
             return tree
         frontier = torch.zeros(1, dtype=torch.long, device=device)
         for _ in range(self.depth):
-            if plan is not None and tree.size > 1 and not plan.grows(tree, frontier):
-                break
             parents, tokens, scores = _children_of(frontier, tree, expand(tree, frontier), self.topk)
             if parents.numel() == 0:
                 break
@@ -275,8 +265,6 @@ class TalonBuilder(TreeBuilder):
         budget = _planned(self.budget, plan)
         frontier = torch.zeros(1, dtype=torch.long, device=device)
         while tree.size < budget:
-            if plan is not None and tree.size > 1 and not plan.grows(tree, frontier):
-                break
             room = budget - tree.size
             log_p_draft = expand(tree, frontier)  # [F, V]
             if tree.size == 1:  # robust initialisation: top-K of the root's children

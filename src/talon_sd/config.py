@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 from .errors import TalonError, bad_argument
 
+DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"  # the packaged pair (talon_sd.models loads them)
+DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 TREE_METHODS = ("ar", "chain", "static", "eagle", "talon")
 
 # Method defaults for this project's machines (2-core CPU, bf16 verification about flat up to

@@ -26,7 +26,7 @@ from .drafters import Drafter
 from .lm import CausalLM
 from .stats import DecodeStats
 from .tree import DraftTree
-from .verify import Acceptance, accept
+from .verify import Acceptance, PositionNoise, accept
 
 if TYPE_CHECKING:
     from .control import BudgetController, StepRecord
@@ -84,23 +84,28 @@ class Pipeline:
 
 def decode(pipeline: Pipeline, prompt_ids: torch.Tensor, stop: StopCondition, stats: DecodeStats) -> Iterator[int]:
     """Yield new tokens for ``prompt_ids`` [L >= 1] until ``stop`` says so, never one past the stop
-    (even inside an accepted path). ``stats`` is complete once the generator is exhausted or closed."""
+    (even inside an accepted path). ``stats`` is complete once the generator is exhausted or closed.
+    Sampling draws each position's token with noise keyed by (seed, position) (:mod:`talon_sd.verify`);
+    without a seed a fresh one is drawn and reported in ``stats.seed``."""
     target, drafter, builder, sampling = pipeline.target, pipeline.drafter, pipeline.builder, pipeline.sampling
-    seed = sampling.seed if sampling.seed is not None else int.from_bytes(os.urandom(7), "little")
-    generator = torch.Generator().manual_seed(seed)
+    if not sampling.greedy:
+        stats.seed = sampling.seed if sampling.seed is not None else int.from_bytes(os.urandom(7), "little")
+    noise = None if sampling.greedy else PositionNoise(stats.seed)
     clock = _DraftClock(drafter)
     stats.prompt_tokens = int(prompt_ids.numel())
     stats.started = started = time.perf_counter()
     capture = drafter.feature_layers if drafter is not None else ()  # target states the drafter reads
-    _prefill(pipeline, prompt_ids, capture, stop, stats)
+    features = target.prefill(prompt_ids[:-1], capture)  # the cache holds the prompt but its last token
+    if drafter is not None:
+        drafter.start(prompt_ids, features)
     stats.seconds_prefill += time.perf_counter() - started
     root = int(prompt_ids[-1])
     try:
         while True:
             # 1-2. plan the budget, draft and build the tree (the builder calls the drafter once per layer)
             step_started = time.perf_counter()
-            context = target.cache.length  # tokens the tree attends to beside itself
-            plan = _plan(pipeline.controller, clock, drafter, stop, context)
+            context = target.cache.length  # the root's position: tokens the tree attends to beside itself
+            plan = _plan(pipeline.controller, drafter, stop)
             if drafter is not None:
                 drafter.begin_step(root)
             tree = builder.build(root, clock.expand, target.device, plan)
@@ -108,21 +113,20 @@ def decode(pipeline: Pipeline, prompt_ids: torch.Tensor, stop: StopCondition, st
             # 3. verify: one target forward over the whole tree, then the acceptance rule
             started = time.perf_counter()
             logits, features = _verify_forward(target, tree, capture)
-            acceptance = accept(tree, logits, sampling, generator)
+            acceptance = accept(tree, logits, sampling, noise, context)
             verify_seconds = time.perf_counter() - started
             # 4. commit: keep the root and the accepted path in both caches (one gather each)
             target.commit_tree(tree.size, acceptance.path)
             if drafter is not None:
                 drafter.accept(tree, acceptance, None if features is None else features[acceptance.path])
             # 5. stats, and what the controller learns from this step
-            step_seconds = time.perf_counter() - step_started
+            other_seconds = time.perf_counter() - step_started - forwards.seconds - verify_seconds
             stats.observe(tree, acceptance, forwards.count, plan.budget if plan else tree.size,
                           plan.reason if plan else "")
-            stats.add_seconds(forwards.seconds, verify_seconds, step_seconds - forwards.seconds - verify_seconds)
+            stats.add_seconds(forwards.seconds, verify_seconds, other_seconds)
             if pipeline.controller is not None:
                 pipeline.controller.observe(step_record(builder, tree, acceptance, forwards, plan, verify_seconds,
-                                                        step_seconds - forwards.seconds - verify_seconds,
-                                                        target_confidence(logits, acceptance), context))
+                                                        other_seconds, target_confidence(logits, acceptance)))
             # 6. emit, stopping inside the path if needed
             for token in acceptance.new_tokens:
                 yield token
@@ -130,49 +134,7 @@ def decode(pipeline: Pipeline, prompt_ids: torch.Tensor, stop: StopCondition, st
                     return
             root = acceptance.bonus_token
     finally:
-        if pipeline.controller is not None:
-            stats.carried_released_after = pipeline.controller.released_after
         stats.finish(len(stop.tokens))
-
-
-AGREEMENT_POSITIONS = 64  # prompt positions whose argmaxes the two models compare (design 29)
-
-
-def agreement_positions(length: int) -> torch.Tensor:
-    """[K]: up to :data:`AGREEMENT_POSITIONS` positions spread evenly over ``length`` >= 1 (all of them when fewer)."""
-    return torch.linspace(0, length - 1, min(AGREEMENT_POSITIONS, length)).round().long().unique()
-
-
-def _prefill(pipeline: Pipeline, prompt_ids: torch.Tensor, capture: tuple[int, ...], stop: StopCondition,
-             stats: DecodeStats) -> None:
-    """Fill the target's cache with the prompt but its last token and start the drafter. Where the controller asks
-    for it (design 29 of :mod:`talon_sd.control`), also tell it the prompt's draft/target agreement: the draft's mean
-    probability of the target's argmax over :func:`agreement_positions` (design 44; the output heads run over those
-    positions only; the draft forwards its prompt now instead of at its first step, and that forward's seconds, the
-    output head apart, go to the controller as a catch-up sample, designs 38 and 40), recorded in ``stats``."""
-    target, drafter, controller = pipeline.target, pipeline.drafter, pipeline.controller
-    context = prompt_ids[:-1]  # [L - 1]
-    if (controller is None or drafter is None or not drafter.reads_prompt or capture or not context.numel()
-            or not controller.prompt_agreement_due(int(context.numel()), stop.max_new_tokens, int(context.numel()))):
-        features = target.prefill(context, capture)
-        if drafter is not None:
-            drafter.start(prompt_ids, features)
-        return
-    at = agreement_positions(int(context.numel()))  # [K]
-    logits_target = target.prefill_logits(context, at)  # [K, V]
-    drafter.start(prompt_ids, None)
-    started = time.perf_counter()
-    caught_up = drafter.catch_up()  # the prompt, decoder stack only: what a first drafted step's catch-up runs
-    seconds = time.perf_counter() - started
-    if caught_up:  # a catch-up sample (design 38), without the output head over the K rows below (design 40)
-        controller.observe_catch_up(int(context.numel()), seconds)
-    logits_draft = drafter.prompt_logits(at)  # [K, V] or None: the output head over that forward's K rows
-    if logits_draft is not None:
-        top_target = logits_target.argmax(-1).to(logits_draft.device)  # [K]
-        p_draft = torch.softmax(logits_draft.float(), dim=-1)  # [K, V]
-        stats.prompt_agreement = p_draft.gather(1, top_target[:, None]).mean().item()  # design 44
-        controller.observe_prompt(stats.prompt_agreement, int(context.numel()))  # read at the first step's context
-        stats.prompt_started_plain = bool(controller.prompt_prior and controller.prompt_prior["started_plain"])
 
 
 def _verify_forward(target: CausalLM, tree: DraftTree, capture: tuple[int, ...]):
@@ -224,47 +186,39 @@ class _DraftClock:
         return taken
 
 
-def _plan(controller: "BudgetController | None", clock: _DraftClock, drafter: Drafter | None,
-          stop: StopCondition, context: int) -> StepPlan | None:
-    """This step's budget and growth check from the controller (None: the builder's own budget); ``context``: the
-    tokens in the target's cache."""
+def _plan(controller: "BudgetController | None", drafter: Drafter | None, stop: StopCondition) -> StepPlan | None:
+    """This step's budget from the controller (None: the builder's own budget)."""
     if controller is None:
         return None
     budget = controller.next_budget(drafter.catch_up_tokens if drafter is not None else 0,
-                                    max(stop.max_new_tokens - len(stop.tokens), 0), context)
-
-    def keep_growing(tree: DraftTree, frontier: torch.Tensor) -> bool:
-        return controller.keep_growing(tree.scores.tolist(), frontier.tolist(), list(clock.step.widths), budget)
-
-    return StepPlan(budget=budget, keep_growing=keep_growing, reason=controller.reason)
+                                    max(stop.max_new_tokens - len(stop.tokens), 0))
+    return StepPlan(budget=budget, reason=controller.reason)
 
 
 def target_confidence(logits: torch.Tensor, acceptance: Acceptance) -> tuple[float, ...]:
-    """The target's top-1 probability before each token the step commits: at the root and at each accepted
-    node (what the controller reads the text's predictability from, design 12 of :mod:`talon_sd.control`)."""
+    """The target's top-1 probability before each token the step commits (at the root and each accepted node):
+    how predictable the text is, which the controller reads."""
     rows = logits[acceptance.path].float()  # [A + 1, V]
     return tuple(torch.softmax(rows, dim=-1).amax(dim=-1).tolist())
 
 
 def step_record(builder: TreeBuilder, tree: DraftTree, acceptance: Acceptance, forwards: Forwards,
                 plan: StepPlan | None, verify_seconds: float, other_seconds: float,
-                confidence: tuple[float, ...] = (), context_tokens: int | None = None) -> "StepRecord":
-    """The controller's view of a verified step: nodes in the builder's inclusion order (so the first
-    k nodes are the tree budget k would have built), the usable prefix after each draft forward, the
-    target's confidence before each committed token and the context the tree attended to."""
+                confidence: tuple[float, ...] = ()) -> "StepRecord":
+    """The controller's view of a verified step: nodes in the builder's inclusion order (so the first k
+    nodes are the tree budget k would have built), the usable prefix after each draft forward and the
+    target's confidence before each committed token."""
     from .control import StepRecord
 
     order = builder.inclusion_order(tree)  # inclusion position -> node index
     position = {node: index for index, node in enumerate(order)}
     parents = tree.parents.tolist()
-    scores = tree.scores.tolist()
     if builder.layered:  # forward j makes the nodes present when forward j + 1 was asked for
         prefix = forwards.sizes_before[1:] + [tree.size] if forwards.count else []
     else:
         prefix = [1] * (forwards.count - 1) + [tree.size] if forwards.count else []
     budget = plan.budget if plan is not None else tree.size
     return StepRecord(
-        node_log_p=tuple(scores[node] for node in order),
         node_parent=tuple(position[parents[node]] if parents[node] >= 0 else -1 for node in order),
         accepted=tuple(sorted(position[node] for node in acceptance.path[1:])),
         forward_widths=tuple(forwards.widths),
@@ -274,7 +228,6 @@ def step_record(builder: TreeBuilder, tree: DraftTree, acceptance: Acceptance, f
         other_seconds=max(other_seconds, 0.0),
         budget=budget,
         complete=tree.size < budget,
-        confidence=confidence,
         catch_up_seconds=forwards.catch_up_seconds,
-        context_tokens=context_tokens,
+        confidence=confidence,
     )

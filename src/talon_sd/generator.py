@@ -310,7 +310,7 @@ class SpeculativeGenerator:
         with ``initial_budget`` and the costs last measured with this drafter (or ``cost_prior``)."""
         if not tree_config.auto:
             return None
-        from .control import BudgetController, ControllerSettings
+        from .control import BudgetController, ControllerSettings, CostPrior
 
         key = (tree_config.method, drafter, not sampling.greedy)
         with self._lock:
@@ -318,7 +318,8 @@ class SpeculativeGenerator:
             if learned is not None:
                 return learned.for_next_sequence()
             same_drafter = [c for (_, name, _), c in self._learned.items() if name == drafter]
-            prior = same_drafter[-1].cost_prior() if same_drafter else self.cost_prior
+            prior = CostPrior(same_drafter[-1].verify.medians(), same_drafter[-1].draft.medians()) if same_drafter \
+                else self.cost_prior
         initial = self.initial_budget or _initial_budget(tree_config.method)
         settings = ControllerSettings(max_budget=MAX_AUTO_BUDGET if tree_config.method != "chain" else 17,
                                       initial_budget=min(initial, 17) if tree_config.method == "chain" else initial)
@@ -332,7 +333,7 @@ class SpeculativeGenerator:
         try:
             yield from tokens
         finally:
-            if controller is not None and controller.cost_prior() is not None:
+            if controller is not None and controller.verify.samples:
                 with self._lock:
                     self._learned[key] = controller
 
@@ -352,7 +353,7 @@ class SpeculativeGenerator:
     @property
     def learned_budget(self) -> dict[tuple[str, str, bool], int]:
         """(method, drafter, sampled) -> the budget the last auto-budget call of that kind settled on (its
-        controller's choice; most steps may run the rung above it, :mod:`talon_sd.control` design 17)."""
+        controller's choice; exploration steps may run others)."""
         with self._lock:
             return {key: controller.choice for key, controller in self._learned.items()}
 

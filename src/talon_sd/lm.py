@@ -222,37 +222,6 @@ class CausalLM:
         output = self._prefill_decoder(decoder, tokens, capture)
         return _features(output.hidden_states, capture) if capture else None
 
-    @torch.inference_mode()
-    def prefill_states(self, tokens: torch.Tensor) -> torch.Tensor | None:
-        """:meth:`prefill` ``tokens`` [L >= 1] and return the decoder stack's last hidden states ``[L, H]`` (what the
-        output head reads; :meth:`head_logits` turns rows of them into logits), or None for a model with no separate
-        decoder and output head (the cache is then left empty: such a model needs a whole :meth:`forward`, and a draft
-        LM's prompt agreement is then not measured). The same forward as :meth:`prefill`: keeping its output costs
-        nothing more."""
-        self.reset()
-        decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else None
-        head = self.model.get_output_embeddings() if hasattr(self.model, "get_output_embeddings") else None
-        if decoder is None or head is None:
-            return None
-        return self._prefill_decoder(decoder, tokens).last_hidden_state[0]
-
-    @torch.inference_mode()
-    def head_logits(self, states: torch.Tensor) -> torch.Tensor:
-        """float32 logits ``[K, V]`` of the output head over ``states`` [K, H] (rows of :meth:`prefill_states`)."""
-        logits = self.model.get_output_embeddings()(states.to(self.device)).float()  # [K, V]
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return logits
-
-    @torch.inference_mode()
-    def prefill_logits(self, tokens: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
-        """:meth:`prefill` ``tokens`` [L >= 1] and return float32 logits ``[K, V]`` at positions ``at`` [K] (indices
-        into ``tokens``): the output head runs over those K rows alone, not all L."""
-        states = self.prefill_states(tokens)  # [L, H] or None
-        if states is None:
-            return self.forward(tokens)[at.to(self.device)]
-        return self.head_logits(states[at.to(states.device)])
-
     def _prefill_decoder(self, decoder, tokens: torch.Tensor, capture: tuple[int, ...] = ()):
         """The decoder stack alone over ``tokens`` [L] into the (reset) cache; its output (hidden states of every
         layer with ``capture``). Waits for the device, so that the forward can be timed."""

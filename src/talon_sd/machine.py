@@ -16,6 +16,8 @@ import re
 
 import torch
 
+from .config import DEFAULT_DRAFT, DEFAULT_TARGET
+
 
 def cpu_model() -> str:
     """The CPU's model name (``/proc/cpuinfo`` on Linux), else what ``platform`` knows."""
@@ -70,9 +72,7 @@ def machine_key(device: torch.device | str, threads: int | None = None) -> dict:
 def model_name(name: str | None, role: str) -> str:
     """The name a key records for a model: the default model for None, an absolute path for local files."""
     if name is None:
-        from . import models
-
-        return models.DEFAULT_TARGET if role == "target" else models.DEFAULT_DRAFT
+        return DEFAULT_TARGET if role == "target" else DEFAULT_DRAFT
     path = pathlib.Path(name).expanduser()
     if path.exists():
         return str(path.resolve())

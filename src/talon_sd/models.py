@@ -50,15 +50,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from talon_sd.config import DEFAULT_DRAFT, DEFAULT_TARGET  # noqa: F401 (re-exported: the packaged pair)
 from talon_sd.errors import TalonError, TalonWarning, bad_argument
+from talon_sd.machine import isa_of_cpuinfo
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
-DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 
 _CACHE_MANIFEST = "talon_cache.json"
 _CACHE_FORMAT = 1  # bump to invalidate every dequantized cache folder
@@ -188,8 +188,6 @@ def cpu_has_fast_bfloat16() -> bool:
 
 def cpuinfo_has_fast_bfloat16(cpuinfo: str) -> bool:
     """True when the first ``flags`` line of a /proc/cpuinfo text lists avx512_bf16 or amx_bf16."""
-    from .machine import isa_of_cpuinfo
-
     return isa_of_cpuinfo(cpuinfo) in ("amx", "avx512_bf16")
 
 

@@ -21,6 +21,7 @@ class DecodeStats:
 
     method: str = ""
     prompt_tokens: int = 0
+    seed: int | None = None  # the sampling seed (given, or drawn when none was); None when greedy
     new_tokens: int = 0
     target_forwards: int = 0  # verify steps (the prefill is not counted)
     draft_forwards: int = 0
@@ -33,10 +34,6 @@ class DecodeStats:
     layer_width_sums: list[int] = field(default_factory=list)  # summed width of each depth over steps
     reached: list[int] = field(default_factory=list)  # steps whose tree reaches depth d (d = 1..)
     accepted_at: list[int] = field(default_factory=list)  # steps that accepted a node at depth d
-    prompt_agreement: float | None = None  # draft's mean p of the target's argmax over the prompt, where measured
-    prompt_started_plain: bool = False  # ... and it started the generation plain (design 29 of talon_sd.control)
-    carried_released_after: int | None = None  # own drafted steps after which the carried samples were released
-    # (designs 8 and 47 of talon_sd.control); None: not released, or no online controller
     seconds_prefill: float = 0.0
     seconds_draft: float = 0.0  # inside draft-model forwards
     seconds_build: float = 0.0  # the rest of each step: tree construction, cache commit, bookkeeping
@@ -95,6 +92,7 @@ class DecodeStats:
         return {
             "method": self.method,
             "prompt_tokens": self.prompt_tokens,
+            "seed": self.seed,
             "new_tokens": self.new_tokens,
             "target_forwards": self.target_forwards,
             "draft_forwards": self.draft_forwards,
@@ -111,9 +109,6 @@ class DecodeStats:
             "mean_tree_depth": round(sum(self.tree_depths) / steps, 3),
             "mean_layer_width": [round(w / steps, 3) for w in self.layer_width_sums],
             "depth_acceptance": [round(a / r, 4) if r else 0.0 for a, r in zip(self.accepted_at, self.reached)],
-            "prompt_agreement": None if self.prompt_agreement is None else round(self.prompt_agreement, 4),
-            "prompt_started_plain": self.prompt_started_plain,
-            "carried_released_after": self.carried_released_after,
             "seconds_prefill": round(self.seconds_prefill, 4),
             "seconds_draft": round(self.seconds_draft, 4),
             "seconds_build": round(self.seconds_build, 4),

@@ -96,7 +96,7 @@ def register(commands) -> None:
 
 def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """The shared model flags; here ``--threads`` defaults to every available core (a fixed count)."""
-    from ..cli import add_model_arguments
+    from ..cli_common import add_model_arguments
 
     add_model_arguments(parser)
     for action in parser._actions:
@@ -195,7 +195,7 @@ def run_sweep_command(args: argparse.Namespace) -> int:
 
 def _configure_threads(args: argparse.Namespace) -> None:
     """Fixed thread count: ``--threads`` or every core this process may use."""
-    from ..cli import configure_torch
+    from ..cli_common import configure_torch
     from .machine import available_cores
 
     if args.threads is None:
@@ -238,7 +238,7 @@ def _check_load(args: argparse.Namespace) -> None:
 def _load_generator(args: argparse.Namespace):
     from ..generator import SpeculativeGenerator
 
-    from ..cli import controller_start
+    from ..cli_common import controller_start
     from ..config import TreeConfig
 
     start = controller_start(args, TreeConfig("talon", budget="auto"))  # this machine's costs, if tuned

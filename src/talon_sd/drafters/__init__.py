@@ -15,11 +15,6 @@ drafter never proposes an id the target cannot score (ids it does not know get `
 may run no ``expand`` at all (the ``ar`` builder, or a budget of 1 chosen by the online controller):
 ``accept`` is still called and the drafter must keep its context in step with the committed tokens.
 
-``prompt_logits(at)``: where the online controller asks for the prompt's draft/target agreement, the loop calls
-``catch_up`` right after ``start`` (drafters with ``reads_prompt``), timed as a step's catch-up: the drafter forwards
-its prompt then, not at the first step; then this, which returns its logits at the prompt positions ``at`` from that
-forward's output.
-
 ``features``: a drafter that reads the target's hidden states (EAGLE-3 heads) names the layers in
 :attr:`Drafter.feature_layers`; the target's forwards that already run (prefill, tree verification)
 return those states, and the loop hands over the rows of the committed tokens only: for ``start``

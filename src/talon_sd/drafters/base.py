@@ -16,13 +16,12 @@ class Drafter(ABC):
 
     name: ClassVar[str]
     feature_layers: ClassVar[tuple[int, ...]] = ()  # target hidden-state layers this drafter reads
-    reads_prompt: ClassVar[bool] = False  # prompt_logits can return the draft's logits over the prompt
 
     @property
     def catch_up_tokens(self) -> int:
         """Committed tokens the next step's first draft forward must also forward because steps ran
         without drafting: the prompt until the first drafted step, then every plain step's tokens (the
-        online controller weighs their cost, :mod:`talon_sd.control` design 6). 0 for a drafter whose
+        online controller weighs their cost, :mod:`talon_sd.control`). 0 for a drafter whose
         first forward does not depend on them."""
         return 0
 
@@ -40,16 +39,8 @@ class Drafter(ABC):
         expand would otherwise also forward (all but the root), where that costs no extra forward (a draft
         LM's prompt prefill, which runs apart from the root's forward anyway). True when it did: the first
         expand then forwards the root alone, so the loop can time the catch-up and the root's forward apart
-        (:mod:`talon_sd.control` design 23). The default does nothing and returns False."""
+        (a clean catch-up cost for :mod:`talon_sd.control`). The default does nothing and returns False."""
         return False
-
-    def prompt_logits(self, at: torch.Tensor) -> torch.Tensor | None:
-        """Right after :meth:`start` and a :meth:`catch_up` that forwarded the prompt: the draft's logits
-        ``[K, V_target]`` at prompt positions ``at`` [K] (each predicting the token after it) from that forward's
-        output (only the output head runs now), or None. What the decoding loop compares with the target's to measure
-        the prompt's draft/target agreement (design 29 of :mod:`talon_sd.control`), timing the catch-up apart as a
-        step's (design 40); only drafters with :attr:`reads_prompt` are asked. The default returns None."""
-        return None
 
     @abstractmethod
     def expand(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:

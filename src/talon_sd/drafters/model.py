@@ -29,7 +29,6 @@ class ModelDrafter(Drafter):
     """
 
     name = "model"
-    reads_prompt = True
 
     def __init__(self, model, target_vocab_size: int | None = None) -> None:
         self.lm = model if isinstance(model, CausalLM) else CausalLM(model, role="draft")
@@ -40,7 +39,6 @@ class ModelDrafter(Drafter):
         self.drafted = False  # whether this step ran an expand
         self.prefilled = False  # whether the prompt is in the cache (done lazily by the first catch_up or expand)
         self.undrafted = 0  # committed tokens since the last drafted step (the prompt's, then plain steps')
-        self.prompt_states: torch.Tensor | None = None  # [len(prefix), H] the last catch-up's output, for prompt_logits
 
     def start(self, prompt_ids, features=None):
         self.lm.reset()  # the prompt is forwarded at the first expand: a generation of plain steps never pays for it
@@ -48,7 +46,6 @@ class ModelDrafter(Drafter):
         self.prefilled = False
         self.slot_nodes, self.drafted = [], False
         self.undrafted = len(self.pending) - 1
-        self.prompt_states = None
 
     @property
     def catch_up_tokens(self) -> int:
@@ -63,26 +60,15 @@ class ModelDrafter(Drafter):
         if self.prefilled or self.drafted:
             return False
         prefix = self.pending[:-1]  # the prompt (and plain steps' tokens) before the root; empty for a 1-token prompt
-        tokens = torch.tensor(prefix, dtype=torch.long)
-        # decoder stack only; its output is kept for prompt_logits (the same forward: nothing more to pay)
-        self.prompt_states = self.lm.prefill_states(tokens) if prefix else None  # [len(prefix), H] or None
-        if self.prompt_states is None:  # an empty prefix, or no separate decoder and output head (then no agreement)
-            self.lm.prefill(tokens)
+        self.lm.prefill(torch.tensor(prefix, dtype=torch.long))  # decoder stack only
         self.pending, self.prefilled, self.undrafted = self.pending[-1:], True, 0
         return bool(prefix)
-
-    def prompt_logits(self, at):
-        states, self.prompt_states = self.prompt_states, None  # (None once a step drafted: expand drops them)
-        if states is None:
-            return None
-        return self._to_target_vocab(self.lm.head_logits(states[at.to(states.device)]))  # [K, V_target]
 
     def expand(self, tree, nodes):
         if not self.drafted:  # first forward of the step: the committed tokens not in the cache yet, root last
             if nodes.tolist() != [0]:
                 raise RuntimeError("ModelDrafter: the first expand of a step must be the root")
             self.catch_up()  # the generation's first draft forward: the prompt, decoder stack only (if not done yet)
-            self.prompt_states = None  # (not asked for once a step drafts)
             logits = self.lm.forward(torch.tensor(self.pending, device=self.lm.device), last_only=True)  # [1, V_draft]
             self.pending, self.drafted = [], True
             self.prefix_length = self.lm.cache.length

@@ -23,7 +23,7 @@ WARM_UP_TOKENS = 2  # one tiny generation before the port opens, so the first re
 
 def register(commands) -> None:
     """Add ``serve`` and ``bench-serve`` to the ``talon`` subcommands."""
-    from ..cli import add_memory_argument, add_model_arguments, add_tree_arguments
+    from ..cli_common import add_memory_argument, add_model_arguments, add_tree_arguments
 
     serve = commands.add_parser("serve", help="OpenAI-compatible HTTP server (batch 1, FIFO queue)")
     add_model_arguments(serve)
@@ -58,7 +58,7 @@ def register(commands) -> None:
 def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from ..cli import make_generator, restore_controller_memory
+    from ..cli_common import make_generator, restore_controller_memory
     from ..controller_memory import save_memory
     from ..models import DEFAULT_TARGET
     from .app import ServerSettings, create_app

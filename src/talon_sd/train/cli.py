@@ -234,7 +234,7 @@ def stages_need_target_forwards(stages) -> bool:
 
 
 def run_train_head(args: argparse.Namespace) -> int:
-    from ..cli import configure_torch
+    from ..cli_common import configure_torch
 
     configure_torch(args)
     if args.checkpoint_every < 1:
