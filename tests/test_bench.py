@@ -19,7 +19,7 @@ from talon_sd.bench.datasets import DATASETS, load_jsonl, load_prompts, parse_da
 from talon_sd.bench.methods import METHODS, Decoding, Outcome, bench_variants, parse_methods
 from talon_sd.bench.results import SCHEMA, build_results, summarize
 from talon_sd.bench.runner import SampleRecord, run_bench
-from talon_sd.bench.tune import (AcceptancePoint, CostCurve, choose_budget, coordinate_search, interpolate,
+from talon_sd.bench.tune import (AcceptancePoint, ForwardCosts, choose_budget, coordinate_search,
                                  predicted_tokens_per_s, tuned_tree_options)
 from talon_sd.cli import main
 from talon_sd.config import TreeConfig
@@ -353,15 +353,15 @@ def test_tune_bad_arguments_fail_before_loading_models(no_models, capsys):
 # ------------------------------------------------------------------------------------------ tuner
 
 
-def cpu_like_costs() -> CostCurve:
+def cpu_like_costs() -> ForwardCosts:
     """Verification about flat up to 16 tokens, then linear (this CPU, bf16); a cheap draft."""
     verify = {1: 0.160, 4: 0.160, 8: 0.162, 16: 0.170, 32: 0.270, 64: 0.430, 128: 0.730}
-    return CostCurve(verify=verify, draft={1: 0.020, 8: 0.022, 16: 0.025, 64: 0.060}, draft_root={1: 0.020, 4: 0.021})
+    return ForwardCosts(verify=verify, draft={1: 0.020, 8: 0.022, 16: 0.025, 64: 0.060}, draft_root={1: 0.020, 4: 0.021})
 
 
-def gpu_like_costs() -> CostCurve:
+def gpu_like_costs() -> ForwardCosts:
     """Verification flat up to 128 tokens (a big GPU), a negligible draft."""
-    return CostCurve(verify={1: 0.020, 128: 0.021}, draft={1: 0.001, 64: 0.001})
+    return ForwardCosts(verify={1: 0.020, 128: 0.021}, draft={1: 0.001, 64: 0.001})
 
 
 def talon_point(budget: int, mat: float, mu: float = 0.03, layers: int = 3) -> AcceptancePoint:
@@ -406,11 +406,15 @@ def test_choose_budget_weighs_draft_forwards_and_mu():
     assert choose_budget(cost, [slow_build, shallow]).options["mu"] == 0.1
 
 
-def test_interpolation_of_the_cost_curve():
-    points = {1: 1.0, 4: 1.0, 8: 3.0}
-    assert interpolate(points, 0.5) == 1.0 and interpolate(points, 6) == 2.0
-    assert interpolate(points, 12) == pytest.approx(5.0)  # extrapolated with the last slope
-    assert interpolate({1: 2.0, 8: 1.0}, 16) == 1.0  # never decreasing past the last point
+def test_a_profile_reads_its_costs_as_the_online_controller_does():
+    """One cost-curve implementation: the tuner's forward costs are read through talon_sd.control.CostCurve."""
+    from talon_sd.control import CostCurve
+
+    costs = ForwardCosts(verify={1: 1.0, 4: 1.0, 8: 3.0}, draft={1: 2.0, 8: 1.0})
+    assert costs.verify_seconds(6) == pytest.approx(2.0) and costs.verify_seconds(12) == pytest.approx(5.0)
+    for size in (0.5, 3, 6, 12, 40):
+        assert costs.verify_seconds(size) == CostCurve(prior=costs.verify)(size)
+    assert costs.draft_seconds(16) == pytest.approx(1.5)  # a falling pair of points is read as non-decreasing
 
 
 def test_coordinate_search_varies_one_option_at_a_time():

@@ -1,20 +1,16 @@
-"""scripts/drift_free.py reprices a run at one fitted cost model: on a synthetic run whose requests cost exactly
+"""talon_sd.bench.drift_free (scripts/drift_free.py) reprices a run at one fitted cost model: on a synthetic run whose requests cost exactly
 a known linear model times a per-request drift factor, it recovers the model and the drift-free speedups, which
 the measured ones miss; terms that would fit negative are dropped, and --same-length prices only turns whose
 variants committed as many tokens."""
 
 from __future__ import annotations
 
-import pathlib
 import random
-import sys
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "scripts"))
-
-from drift_free import fit_nonnegative, reprice, request_terms  # noqa: E402
+from talon_sd.bench.drift_free import fit_nonnegative, reprice, request_terms
 
 VERIFY = np.array([0.13, 0.003, 2e-6, 4e-5])  # s per step, per node, per node x context token, per node^2
 DRAFT = np.array([0.05, 0.001, 0.002, 0.01])  # s per forward, per drafted node, per prompt token, per drafted step

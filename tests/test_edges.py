@@ -419,7 +419,7 @@ def test_an_int8_draft_changes_what_is_proposed_never_the_output(tmp_path, monke
     # a tuned profile's draft curve starts only the kind of draft it timed (int8 forwards cost a third)
     import argparse
 
-    from talon_sd import cli
+    from talon_sd import cli_common as cli
     from talon_sd.bench import profiles
 
     profile = {"methods": {"talon": {"best": {"budget": 12}}},
@@ -465,12 +465,11 @@ def test_auto_budget_calls_continue_the_previous_calls_controller_per_method_dra
     learned = generator.learned_budget
     assert set(learned) == {("talon", "model", False)}
     key = ("talon", "model", False)
-    assert generator.controller_memory()[key]._step == first.stats.target_forwards
+    assert generator.controller_memory()[key].verify.adds == first.stats.target_forwards
     second = generator.generate(input_ids=prompt, max_new_tokens=40)
     # starts where the first call ended: its controller goes on counting, and its first step runs the learned
-    # choice unless the carried schedule made it a trial, lean or measurement (timing-dependent: a loaded
-    # machine's costs can make the first step a trial from plain decoding)
-    assert generator.controller_memory()[key]._step == first.stats.target_forwards + second.stats.target_forwards
+    # choice unless it explores (timing-dependent: a loaded machine's costs can make it a trial from plain decoding)
+    assert generator.controller_memory()[key].verify.adds == first.stats.target_forwards + second.stats.target_forwards
     if second.stats.reasons[0] == "choice":
         assert second.stats.budgets[0] == learned[key]
     assert second.token_ids == first.token_ids == plain_greedy(target, prompt.tolist(), 40)

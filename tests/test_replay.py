@@ -1,28 +1,22 @@
-"""The position replay (scripts/record_positions.py + scripts/replay_positions.py) is exact: on tiny fp32 models a
+"""The position replay (talon_sd.bench.record + talon_sd.bench.simulate) is exact: on tiny fp32 models a
 fixed budget replayed from the trees recorded at every position takes the decoding loop's own steps (same count,
 same tokens per step, same draft forwards), and an online controller replayed there only ever commits the text."""
 
 from __future__ import annotations
 
 import json
-import pathlib
 import random
-import sys
 from collections import Counter
 
 import pytest
 import torch
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "scripts"))
-
-from conftest import plain_greedy  # noqa: E402
-from record_positions import checkpoint_turns, record_turn  # noqa: E402
-from replay_positions import (HARDWARE, Clock, Turn, first_questions, print_trace, replay, replay_step,  # noqa: E402
-                              replay_turn)
-
-from talon_sd import SpeculativeGenerator  # noqa: E402
-from talon_sd.config import TreeConfig  # noqa: E402
-from talon_sd.control import BudgetController, ControllerSettings  # noqa: E402
+from conftest import plain_greedy
+from talon_sd import SpeculativeGenerator
+from talon_sd.bench.record import checkpoint_turns, record_turn
+from talon_sd.bench.simulate import HARDWARE, Clock, Turn, first_questions, replay, replay_step, replay_turn
+from talon_sd.config import TreeConfig
+from talon_sd.control import BudgetController, ControllerSettings
 
 PROMPT = [5, 17, 33, 8, 61, 12]
 TOKENS = 40
@@ -85,17 +79,17 @@ def test_the_recorder_takes_another_variants_answers_and_names_a_missing_label(t
         checkpoint_turns(path, "N=8")
 
 
-def test_the_trace_holds_each_turns_budgets_and_every_policys_seconds(recorded, capsys):
+def test_the_trace_holds_each_turns_budgets_and_every_policys_seconds(recorded):
     _, _, turn = recorded
     trace = []
     settings = ControllerSettings(max_budget=16, initial_budget=8)
-    totals, _ = replay([turn], 0, [4, 8], 0.0, len(turn.answer), settings, HARDWARE["intel-bf16"], trace=trace)
-    [(traced, budgets, reasons, seconds_by)] = trace
-    assert traced is turn and len(budgets) == len(reasons) > 0 and set(seconds_by) == {"auto", 4, 8}
-    assert seconds_by[8] == pytest.approx(totals["tiny"][8][1])
-    print_trace(0, trace)
-    line = capsys.readouterr().out
-    assert line.startswith("seed 0 turn 0 tiny") and line.count("|") == 1 and len(line.split("|")[1].split()) == len(budgets)
+    policies = {"auto": lambda: BudgetController(settings), 4: 4, 8: 8}
+    totals = replay([turn], 0, policies, 0.0, len(turn.answer), HARDWARE["intel-bf16"], trace=trace)
+    [(traced, steps)] = trace
+    budgets, reasons, _ = steps["auto"]
+    assert traced is turn and len(budgets) == len(reasons) > 0 and set(steps) == {"auto", 4, 8}
+    assert steps[8][2] == pytest.approx(totals["tiny"][8][1])
+    assert set(steps[4][0]) == {4} and steps[4][1] == []
 
 
 def test_first_questions_keeps_each_datasets_first_questions_with_all_their_turns():

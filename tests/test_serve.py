@@ -280,6 +280,30 @@ def test_seeded_sampling_is_reproducible_and_temperature_defaults_to_1(server):
     assert len(unseeded | {greedy.choices[0].message.content}) > 1  # sampling does sample
 
 
+def test_a_seed_gives_the_same_text_at_every_budget_and_beside_other_requests(server):
+    """Sampling draws each position's token with noise keyed by (seed, position): requests with the same seed give
+    the same text whatever tree and budget they ask for, sent at once beside requests of other seeds."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    client = client_for(server)
+    messages = [{"role": "user", "content": "w3 w4 w5 w3"}]
+    trees = [{"tree": "ar"}, {"tree": "talon", "budget": 4}, {"tree": "talon", "budget": 24}, {"tree": "talon"},
+             {"tree": "eagle", "budget": 12}, {"tree": "chain", "depth": 3}]
+    jobs = [(seed, tree) for tree in trees for seed in (11, 12)]
+
+    def ask(job):
+        seed, tree = job
+        reply = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=24, temperature=0.9,
+                                               top_p=0.95, seed=seed, extra_body={"talon": tree})
+        return seed, reply.choices[0].message.content
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        texts = list(pool.map(ask, jobs))
+    by_seed = {seed: {text for s, text in texts if s == seed} for seed in (11, 12)}
+    assert len(by_seed[11]) == 1 and len(by_seed[12]) == 1, by_seed
+    assert by_seed[11] != by_seed[12]
+
+
 def test_ten_concurrent_streams_each_get_their_own_greedy_text(server, oracle):
     prompts = [f"w{index} w{index + 3} w{index + 7}" for index in range(3, 13)]  # 10 streams
 
@@ -514,7 +538,7 @@ def test_sigterm_stops_the_worker_and_the_process(guarded):
 def test_an_auto_budget_server_continues_what_the_last_one_learned(folders, tmp_path):
     """At shutdown the server saves its budget controller; the next server on the same machine and models
     starts from it (its steps go on counting) unless --fresh-controller."""
-    import pickle
+    import json
 
     steps = []
     for run, extra in enumerate(([], [], ["--fresh-controller"])):
@@ -526,10 +550,10 @@ def test_an_auto_budget_server_continues_what_the_last_one_learned(folders, tmp_
         finally:
             server.stop()
         assert server.process.returncode in (0, -signal.SIGINT, 130), server.log_text()[-2000:]
-        files = list((tmp_path / "cache" / "controllers").glob("*.pkl"))
+        files = list((tmp_path / "cache" / "controllers").glob("*.json"))
         assert len(files) == 1, server.log_text()[-2000:]
-        memory = pickle.loads(files[0].read_bytes())["memory"]
-        steps.append(memory[("talon", "model", False)]._step)
+        [row] = [row for row in json.loads(files[0].read_text())["controllers"] if not row["sampled"]]
+        steps.append(row["state"]["costs"][0]["adds"])
         assert ("saved what the budget controller learned" in server.log_text()) == (not extra)
     assert steps[1] > steps[0]  # the second server went on from the first one's steps
     assert steps[2] == steps[1]  # --fresh-controller neither read nor wrote the memory

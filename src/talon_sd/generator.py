@@ -358,18 +358,25 @@ class SpeculativeGenerator:
             return {key: controller.choice for key, controller in self._learned.items()}
 
     def _chunks(self, tokens: Iterator[int], stats: DecodeStats, stream: TextStream, stop: StopCondition) -> Iterator[str]:
+        """Text chunks as tokens come, detokenized incrementally: each token's text is the decode of a few tokens
+        before it and itself, less the decode of those few (so a token's leading space is right), held back while
+        it ends in an incomplete UTF-8 sequence or may begin a stop string. The result's text is one decode of all."""
         token_ids: list[int] = []
-        emitted = ""
+        text, emitted = "", ""  # the text so far, and what of it was yielded
+        prefix = read = 0  # token_ids[prefix:read] are the context whose text is already in ``text``
         try:
             for token in tokens:
                 token_ids.append(token)
-                text = _cut_at_stop(self._decode(token_ids), stop.stop_strings)
-                if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
+                known, grown = self._decode(token_ids[prefix:read]), self._decode(token_ids[prefix:])
+                if grown.endswith("\ufffd") or not grown.startswith(known):  # an incomplete UTF-8 sequence: wait
                     continue
-                safe = len(text) - _stop_prefix_length(text, stop.stop_strings)  # hold back a possible stop string
-                if safe > len(emitted) and text.startswith(emitted):
-                    yield text[len(emitted):safe]
-                    emitted = text[:safe]
+                text += grown[len(known):]
+                prefix, read = max(read - 4, 0), len(token_ids)
+                cut = _cut_at_stop(text, stop.stop_strings)
+                safe = len(cut) - _stop_prefix_length(cut, stop.stop_strings)  # hold back a possible stop string
+                if safe > len(emitted) and cut.startswith(emitted):
+                    yield cut[len(emitted):safe]
+                    emitted = cut[:safe]
         finally:
             tokens.close()
         text = _cut_at_stop(self._decode(token_ids), stop.stop_strings)

@@ -9,7 +9,9 @@ is stored as four aligned vectors:
     scores  [N]  float32 cumulative draft log-probability of the root-to-node path (root 0.0)
 
 Parents precede their children, so a prefix ``tree[:n]`` is itself a tree. Siblings carry distinct
-tokens. Derived views, computed once on first use:
+tokens. The constructor checks all of this (a tree built from outside); the verbs that grow a tree
+(:meth:`root`, :meth:`extend`, :meth:`select`) keep it by construction and skip the checks, which
+would wait for the device on every draft forward. Derived views, computed once on first use:
 
     ancestors   [N, N] bool  row i marks i and every ancestor of i (the tree attention pattern)
     positions   [N]          depth, i.e. the offset of the node after the root's position
@@ -59,9 +61,18 @@ class DraftTree:
 
     # ------------------------------------------------------------------ construction
     @classmethod
+    def _grown(cls, tokens: torch.Tensor, parents: torch.Tensor, depth: torch.Tensor,
+               scores: torch.Tensor) -> "DraftTree":
+        """A tree from this class's own verbs, whose invariants hold by construction: no checks, no device sync."""
+        tree = object.__new__(cls)
+        for name, value in zip(("tokens", "parents", "depth", "scores"), (tokens, parents, depth, scores)):
+            object.__setattr__(tree, name, value)
+        return tree
+
+    @classmethod
     def root(cls, token: int, device: torch.device | str = "cpu") -> "DraftTree":
         """A one-node tree: just the root (the last committed token)."""
-        return cls(
+        return cls._grown(
             tokens=torch.tensor([int(token)], dtype=torch.long, device=device),
             parents=torch.tensor([-1], dtype=torch.long, device=device),
             depth=torch.zeros(1, dtype=torch.long, device=device),
@@ -69,12 +80,11 @@ class DraftTree:
         )
 
     def extend(self, parents: torch.Tensor, tokens: torch.Tensor, scores: torch.Tensor) -> "DraftTree":
-        """Return a new tree with the given nodes appended (their parents must already be in this tree).
-
-        parents [M] int64, tokens [M] int64, scores [M] float (cumulative log-probabilities).
-        """
+        """Return a new tree with the given nodes appended: parents [M] int64 (already in this tree), tokens [M]
+        int64 (distinct from their siblings'), scores [M] float (cumulative log-probabilities). Not checked: the
+        builders guarantee both (the oracle tests hold them to it)."""
         parents = parents.to(self.parents.device, torch.long)
-        return DraftTree(
+        return DraftTree._grown(
             tokens=torch.cat([self.tokens, tokens.to(self.tokens.device, torch.long)]),
             parents=torch.cat([self.parents, parents]),
             depth=torch.cat([self.depth, self.depth[parents] + 1]),
@@ -90,7 +100,7 @@ class DraftTree:
         parents = torch.where(old_parents >= 0, new_index[old_parents.clamp(min=0)], old_parents)
         if bool((parents[1:] < 0).any()):
             raise ValueError("DraftTree.select needs a set of nodes closed under parents")
-        return DraftTree(self.tokens[keep], parents, self.depth[keep], self.scores[keep])
+        return DraftTree._grown(self.tokens[keep], parents, self.depth[keep], self.scores[keep])
 
     # ------------------------------------------------------------------ derived views
     @property

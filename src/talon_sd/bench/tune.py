@@ -27,7 +27,7 @@ Cost model (one verify step of tree configuration c, in seconds)::
   per step per width, so t_step is linear in the measured costs.
 * Prefill is left out: it is the same for every configuration.
 
-The choice (:func:`choose_budget`) is a pure function of a :class:`CostCurve` and a list of
+The choice (:func:`choose_budget`) is a pure function of a :class:`ForwardCosts` and a list of
 :class:`AcceptancePoint`; :func:`coordinate_search` varies one option at a time (e.g. TALON's N at
 the default mu, then mu at the best N) so that ``talon tune`` stays a few minutes long.
 
@@ -38,11 +38,12 @@ machine (CPU model, torch threads, device), target, draft, dtype and calibration
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Callable, Sequence
 
 from ..config import TreeConfig
+from ..control import CostCurve
 from ..errors import TalonError
 
 # The TreeConfig fields a tuned profile sets for each method.
@@ -66,45 +67,33 @@ DRAFT_WIDTHS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 ROOT_WIDTHS = (1, 2, 3, 4, 6, 8)
 
 
-def interpolate(points: dict[int, float], x: float) -> float:
-    """Piecewise-linear interpolation of ``points`` (x -> y); flat left of the first point, linear
-    extrapolation (never decreasing) right of the last."""
-    if not points:
-        raise ValueError("interpolate needs at least one point")
-    xs = sorted(points)
-    if x <= xs[0]:
-        return points[xs[0]]
-    if x >= xs[-1]:
-        if len(xs) == 1:
-            return points[xs[0]]
-        slope = max((points[xs[-1]] - points[xs[-2]]) / (xs[-1] - xs[-2]), 0.0)
-        return points[xs[-1]] + slope * (x - xs[-1])
-    right = bisect.bisect_left(xs, x)
-    x0, x1 = xs[right - 1], xs[right]
-    return points[x0] + (points[x1] - points[x0]) * (x - x0) / (x1 - x0)
-
-
 @dataclass(frozen=True)
-class CostCurve:
+class ForwardCosts:
     """Measured forward costs in seconds: ``verify[T]`` (target, T tree tokens), ``draft[w]`` (draft, w
-    frontier nodes), ``draft_root[w]`` (draft, w committed tokens, last logits only; falls back to draft)."""
+    frontier nodes), ``draft_root[w]`` (draft, w committed tokens, last logits only; falls back to draft),
+    read between and past the measured sizes as the online controller reads its own
+    (:class:`talon_sd.control.CostCurve`)."""
 
     verify: dict[int, float]
     draft: dict[int, float]
     draft_root: dict[int, float] = field(default_factory=dict)
 
+    @cached_property
+    def _curves(self) -> dict[str, CostCurve]:
+        return {name: CostCurve(prior=getattr(self, name)) for name in ("verify", "draft", "draft_root")}
+
     def verify_seconds(self, size: float) -> float:
-        return interpolate(self.verify, size)
+        return self._curves["verify"](size)
 
     def draft_seconds(self, width: float, root: bool = False) -> float:
-        return interpolate(self.draft_root if root and self.draft_root else self.draft, width)
+        return self._curves["draft_root" if root and self.draft_root else "draft"](width)
 
     def to_dict(self) -> dict:
         return {name: {str(k): round(v, 6) for k, v in sorted(getattr(self, name).items())}
                 for name in ("verify", "draft", "draft_root")}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "CostCurve":
+    def from_dict(cls, data: dict) -> "ForwardCosts":
         return cls(**{name: {int(k): float(v) for k, v in (data.get(name) or {}).items()}
                       for name in ("verify", "draft", "draft_root")})
 
@@ -154,7 +143,7 @@ class AcceptancePoint:
         )
 
 
-def step_seconds(cost: CostCurve, point: AcceptancePoint) -> float:
+def step_seconds(cost: ForwardCosts, point: AcceptancePoint) -> float:
     """Expected seconds of one verify step of ``point``'s configuration (the module's t_step)."""
     verify = sum(share * cost.verify_seconds(size) for size, share in point.tree_sizes.items())
     draft = sum(count * cost.draft_seconds(width) for width, count in point.draft_widths.items())
@@ -162,7 +151,7 @@ def step_seconds(cost: CostCurve, point: AcceptancePoint) -> float:
     return verify + draft + root + point.overhead_seconds
 
 
-def predicted_tokens_per_s(cost: CostCurve, point: AcceptancePoint) -> float:
+def predicted_tokens_per_s(cost: ForwardCosts, point: AcceptancePoint) -> float:
     """MAT / t_step: the expected decoding speed of ``point``'s configuration on the measured machine."""
     seconds = step_seconds(cost, point)
     return point.mat / seconds if seconds > 0 else 0.0
@@ -178,7 +167,7 @@ class Choice:
     ranking: list[tuple[AcceptancePoint, float]]
 
 
-def choose_budget(cost_curve: CostCurve, acceptance_curve: Sequence[AcceptancePoint], tolerance: float = 0.0) -> Choice:
+def choose_budget(cost_curve: ForwardCosts, acceptance_curve: Sequence[AcceptancePoint], tolerance: float = 0.0) -> Choice:
     """Pick the configuration that maximises the predicted tokens/s (module cost model).
 
     With ``tolerance`` > 0, the smallest budget whose prediction is within that fraction of the best
@@ -193,7 +182,7 @@ def choose_budget(cost_curve: CostCurve, acceptance_curve: Sequence[AcceptancePo
     return Choice(method=point.method, options=dict(point.options), tokens_per_s=rate, ranking=ranking)
 
 
-def coordinate_search(method: str, stages: Sequence[tuple[str, Sequence]], cost: CostCurve,
+def coordinate_search(method: str, stages: Sequence[tuple[str, Sequence]], cost: ForwardCosts,
                       calibrate: Callable[[TreeConfig], AcceptancePoint], tolerance: float = 0.0) -> Choice:
     """Vary one TreeConfig field per stage over its values, the fields of earlier stages at their best
     (later fields at the method defaults); every distinct configuration is calibrated once. Returns

@@ -25,7 +25,7 @@ from typing import Sequence
 import torch
 
 from ..config import TreeConfig
-from .tune import (DEFAULT_STAGES, DRAFT_WIDTHS, ROOT_WIDTHS, VERIFY_SIZES, AcceptancePoint, CostCurve,
+from .tune import (DEFAULT_STAGES, DRAFT_WIDTHS, ROOT_WIDTHS, VERIFY_SIZES, AcceptancePoint, ForwardCosts,
                    choose_budget, coordinate_search, count_configs, predicted_tokens_per_s, tuned_options)
 
 
@@ -59,7 +59,7 @@ def calibration_prompt_ids(generator, settings: TuneSettings) -> list[torch.Tens
     return [generator.encode_prompt([{"role": "user", "content": p.turns[0]}]) for p in chosen]
 
 
-def measure_costs(generator, settings: TuneSettings, progress: bool = True) -> CostCurve:
+def measure_costs(generator, settings: TuneSettings, progress: bool = True) -> ForwardCosts:
     """Step 1: the forward cost curves of the generator's target and draft."""
     from tqdm import tqdm
 
@@ -74,7 +74,7 @@ def measure_costs(generator, settings: TuneSettings, progress: bool = True) -> C
               dynamic_ncols=True, mininterval=1.0) as bar:
         for role, lm, sizes in jobs:
             curves[role] = measure_forward_costs(lm, sizes, role, settings.context, settings.repeats, tick=bar.update)
-    return CostCurve(verify=curves["verify"], draft=curves.get("draft", {}), draft_root=curves.get("draft_root", {}))
+    return ForwardCosts(verify=curves["verify"], draft=curves.get("draft", {}), draft_root=curves.get("draft_root", {}))
 
 
 def run_tune(generator, methods: Sequence[str], settings: TuneSettings, key: dict,
@@ -152,6 +152,6 @@ def profile_table(profile: dict) -> str:
 
 def best_choice(profile: dict, method: str):
     """Re-derive the choice of ``method`` from a saved profile (pure; for reports and checks)."""
-    cost = CostCurve.from_dict(profile["cost_curve"])
+    cost = ForwardCosts.from_dict(profile["cost_curve"])
     points = [AcceptancePoint.from_dict(c) for c in profile["methods"][method]["candidates"]]
     return choose_budget(cost, points, profile.get("settings", {}).get("tolerance", 0.0))
