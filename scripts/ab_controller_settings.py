@@ -3,11 +3,9 @@
 Runs ``ar``, ``auto`` with the default :class:`talon_sd.control.ControllerSettings` and ``auto`` with the
 fields given by ``--set`` on the first ``--limit`` prompts (first turns) of one packaged dataset, order
 rotated per prompt; each auto variant carries its own controller memory from prompt to prompt, as one
-generator serving requests would. Prints tok/s per prompt and the ratios to ``ar``. Example (designs
-18-22 off, docs/BENCHMARKS.md section 5, float32 on the Intel Xeon):
+generator serving requests would. Prints tok/s per prompt and the ratios to ``ar``. Example:
 
-    python scripts/ab_controller_settings.py --dtype float32 --dataset humaneval --limit 3 \
-        --set anchor_z=0 --set anchor_gap_steps=0 --set lean_margin=0.03 --set cost_refresh_interval=0 --set lean_reach=1
+    python scripts/ab_controller_settings.py --dtype float32 --dataset humaneval --limit 3 --set exploration=0.05
 """
 
 from __future__ import annotations

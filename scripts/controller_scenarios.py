@@ -226,7 +226,7 @@ def main() -> None:
         autos, fixed, reasons = requests(text, seeds, settings)
         print(line(name, autos, reasons, fixed))
     # humaneval in float32 on the real pair: a 200-token prompt whose draft-LM catch-up exceeds 5% of a
-    # 64-token answer's plain seconds (docs/BENCHMARKS.md section 5, reading 11)
+    # 64-token answer's plain seconds
     for name, text in (("fp32 code, 200-token prompt", worlds["fp32 code"]),
                        ("fp32 chat, 200-token prompt", worlds["fp32 chat"])):
         autos, fixed, reasons = requests(dataclasses.replace(text, catch_up=0.008), seeds, settings, prompt=200)

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# One prepared check for a lent GPU machine (docs/BENCHMARKS.md section 5, "On a GPU"), in the order that matters:
+# One prepared check for a lent GPU machine (docs/BENCHMARKS.md, "Machines"), in the order that matters:
 #   1. the tiny-model tests on CUDA (TALON_TEST_DEVICE=cuda: losslessness of every drafter x builder, the sampling
 #      test, the EAGLE-3 head, cache, edges, training), capped at TESTS_SECONDS;
 #   2. the default pair's shapes with random bf16 weights (scripts/random_weight_pair.py) and an EAGLE-3 head of the
-#      target's shape (random, draft vocabulary 8192 as in section 6), then `talon bench` with ar, talon on the draft
+#      target's shape (random, draft vocabulary 8192 as in docs/BENCHMARKS.md, "The EAGLE-3 head"), then `talon bench` with ar, talon on the draft
 #      LM and talon on the head at a fixed budget: what a draft forward and a verify cost there (acceptance needs
 #      the real weights, which cannot travel: the working tree is capped at 64 MiB).
 #

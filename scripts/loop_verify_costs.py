@@ -5,8 +5,7 @@ steps with such curves. This script times every target verify forward of real ge
 ``--budget`` or at ``auto``, the first ``--limit`` prompts of ``--datasets``, after an untimed 8-token warm-up) and
 prints each request's (tree size, seconds) and the median seconds per tree size; with ``--interleave`` it instead
 times, in one process over a ``--context``-token cache, a 1-node and a 16-node verify alone, right after four int8
-draft forwards of width 4, and after 0.3 s idle (docs/BENCHMARKS.md section 5, "This CPU's own texts recorded":
-whether a drafted step's verify costs more in the loop).
+draft forwards of width 4, and after 0.3 s idle (whether a drafted step's verify costs more in the loop).
 
     python scripts/loop_verify_costs.py --budget 16 --datasets qa,alpaca --limit 3 --max-new-tokens 24 --rounds 2
     python scripts/loop_verify_costs.py --budget auto --datasets humaneval,sum,qa,alpaca --limit 2 --max-new-tokens 48

@@ -2,7 +2,7 @@
 
 Costs (forward seconds by tree size, the loop's overhead) depend on a model's shapes, not its weights; acceptance
 does depend on the weights (replay it: ``scripts/replay_positions.py``). Used on the lent GPU machine, whose working
-tree is capped at 64 MiB (docs/BENCHMARKS.md section 5, "On a GPU").
+tree is capped at 64 MiB (docs/BENCHMARKS.md, "Machines").
 
     python scripts/random_weight_pair.py CONFIGS OUT [DEVICE] [--tiny]
 

@@ -7,14 +7,12 @@ with ``--noise`` relative jitter (:mod:`talon_sd.bench.simulate`). Prints, per d
 the best fixed budget of ``--bar`` (median, mean and worst over ``--seeds``), over plain decoding, and each policy's
 median tokens per second; then auto's steps by reason.
 
-    python scripts/replay_positions.py docs/bench/online-sweep13/positions.jsonl.gz --hardware epyc-bf16
-    python scripts/replay_positions.py docs/bench/online-avx2-fp32-int8-positions/positions.jsonl.gz \
+    python scripts/replay_positions.py data/replays/xeon-bf16-all.jsonl.gz --hardware epyc-bf16
+    python scripts/replay_positions.py data/replays/avx2-fp32-int8-all.jsonl.gz \
         --hardware avx2-fp32-int8 --fixed 1,4,8,16,24 --bar 1
 
-Recordings: ``online-sweep13`` (Intel Xeon with AMX, bf16, all six datasets, trees of 32 nodes),
-``online-sweep24-sum-qa-r3`` and ``online-sweep24-tree-texts`` (AMD EPYC with AVX512-BF16, bf16, 48 nodes),
-``online-avx2-fp32-int8-positions`` (AVX2-only EPYC, float32 with the int8 draft, 32 nodes). Budgets above the
-recorded tree size are cut to it (the controller's ``max_budget`` is the recorded size).
+Recordings: ``data/replays/`` (its README says what each holds). Budgets above the recorded tree size are cut to it
+(the controller's ``max_budget`` is the recorded size).
 """
 
 from __future__ import annotations

@@ -131,7 +131,7 @@ def test_the_cache_goes_by_the_keyword_the_model_declares_without_deprecation_wa
 
 
 def test_the_prompt_catch_up_runs_as_a_forward_of_its_own_and_only_before_the_first_draft_forward(llama_pair):
-    """Design 23 of talon_sd.control: ``catch_up`` prefills the prompt (and every token plain steps committed
+    """``catch_up`` prefills the prompt (and every token plain steps committed
     before it) apart, so the first expand forwards the root alone; once the prompt is in, a later catch-up stays
     in the first expand (apart it would cost one more forward) and ``catch_up`` says False."""
     _, draft = llama_pair

@@ -337,7 +337,7 @@ def test_auto_cpu_kernels_pack_only_where_one_row_is_not_slower(tmp_path, monkey
     assert choose({1: (0.0010, 0.0012), 4: (0.0100, 0.0040)}) == "packed"  # within tolerance, 4 rows 0.4x
     assert choose({1: (0.0010, 0.0012), 4: (0.0100, 0.0070)}) == "default"  # 4 rows only 0.7x
     assert choose({1: (0.0010, 0.0013), 4: (0.0100, 0.0030)}) == "default"  # one row 1.3x: plain would slow
-    # the Intel Xeon's measured ratios (docs/BENCHMARKS.md section 5) keep torch's own kernel
+    # the Intel Xeon's measured ratios (docs/BENCHMARKS.md, "Dtypes and kernels") keep torch's own kernel
     assert choose({1: (0.232, 0.280), 4: (0.178, 0.154)}) == "default"
     assert choose(None) == "default"
     # a disturbed measurement is measured again: "default" only when every measurement says so

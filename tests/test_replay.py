@@ -66,7 +66,7 @@ def test_a_replayed_controller_commits_the_whole_answer(recorded):
 
 
 def test_the_recorder_takes_another_variants_answers_and_names_a_missing_label(tmp_path):
-    # In bf16 a tree variant's greedy text can leave ar's (docs/BENCHMARKS.md section 5, design 34): --label records
+    # In bf16 a tree variant's greedy text can leave ar's (a near-tie of the logits): --label records
     # that text, while the prompts (ar's rows) stay those the bench sent.
     path = tmp_path / "checkpoint.jsonl"
     rows = [{"index": 0, "dataset": "alpaca", "question_id": "q", "turn": 1, "label": label, "prompt_tokens": 5,

@@ -275,9 +275,13 @@ def test_seeded_sampling_is_reproducible_and_temperature_defaults_to_1(server):
              .choices[0].message.content for options in ({"temperature": 1.0}, {"temperature": 1.0}, {})]
     assert texts[0] == texts[1] == texts[2]  # same seed, same text; no temperature means 1 (sampling)
     greedy = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=16, temperature=0, seed=7)
-    unseeded = {client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=16, temperature=1.0)
-                .choices[0].message.content for _ in range(3)}
-    assert len(unseeded | {greedy.choices[0].message.content}) > 1  # sampling does sample
+    unseeded = [client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=16, temperature=1.0)
+                for _ in range(3)]
+    assert len({r.choices[0].message.content for r in unseeded} | {greedy.choices[0].message.content}) > 1
+    assert greedy.talon["seed"] is None
+    drawn = unseeded[0].talon["seed"]  # a request without a seed gets one drawn, which reproduces its text
+    again = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=16, temperature=1.0, seed=drawn)
+    assert again.choices[0].message.content == unseeded[0].choices[0].message.content
 
 
 def test_a_seed_gives_the_same_text_at_every_budget_and_beside_other_requests(server):
@@ -295,6 +299,7 @@ def test_a_seed_gives_the_same_text_at_every_budget_and_beside_other_requests(se
         seed, tree = job
         reply = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=24, temperature=0.9,
                                                top_p=0.95, seed=seed, extra_body={"talon": tree})
+        assert reply.talon["seed"] == seed
         return seed, reply.choices[0].message.content
 
     with ThreadPoolExecutor(max_workers=4) as pool:
@@ -441,7 +446,7 @@ def test_docs_show_the_snippets_tested_here():
     serving = (root / "docs" / "SERVING.md").read_text()
     assert README_CURL in serving and README_PYTHON in serving
     readme = (root / "README.md").read_text()
-    if "talon serve" in readme:  # once the README documents the server, its snippets are these
+    if "/v1/chat/completions" in readme:  # where the README shows how to call the server, these are its snippets
         assert README_CURL in readme and README_PYTHON in readme
 
 

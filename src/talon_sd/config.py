@@ -171,7 +171,7 @@ class SamplingConfig:
         _check_int("top_k", self.top_k, 0, "an integer >= 0 (0 = off)")
         if self.seed is not None:
             _check_int("seed", self.seed, 0, "an integer in [0, 2**64)")
-            if self.seed >= 2**64:  # torch.Generator.manual_seed would fail mid-generation
+            if self.seed >= 2**64:  # a 64-bit seed (the noise keys are 64-bit)
                 raise bad_argument("seed", self.seed, "an integer in [0, 2**64)")
 
     @property

@@ -368,9 +368,12 @@ class SpeculativeGenerator:
             for token in tokens:
                 token_ids.append(token)
                 known, grown = self._decode(token_ids[prefix:read]), self._decode(token_ids[prefix:])
-                if grown.endswith("\ufffd") or not grown.startswith(known):  # an incomplete UTF-8 sequence: wait
+                if grown.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
                     continue
-                text += grown[len(known):]
+                if grown.startswith(known):
+                    text += grown[len(known):]
+                else:  # the tokenizer rewrote the context's text (e.g. spaces cleaned up): decode it all once
+                    text = self._decode(token_ids)
                 prefix, read = max(read - 4, 0), len(token_ids)
                 cut = _cut_at_stop(text, stop.stop_strings)
                 safe = len(cut) - _stop_prefix_length(cut, stop.stop_strings)  # hold back a possible stop string

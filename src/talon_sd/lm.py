@@ -380,7 +380,7 @@ def choose_cpu_kernels(model, measure=None) -> str:
     Why measured and why one row first: the better path depends on the CPU. On the project's AMD EPYC hosts
     torch's default float32 linear is slow for a few rows and packing halves a target step (371 -> 177 ms;
     a 2-token verify 691 -> 233 ms); on an Intel Xeon with AMX torch's own kernel is the faster one for one
-    row (232 vs 280 ms a step) and packing wins only from 4 rows on (docs/BENCHMARKS.md section 5). One
+    row (232 vs 280 ms a step) and packing wins only from 4 rows on (docs/BENCHMARKS.md, "Dtypes and kernels"). One
     row is plain decoding, the floor the online controller falls back to: a kernel that slows it would
     make speculation's "never slower than plain decoding" a comparison against a slowed plain decoding. The
     draft LM gets the same rule on purpose: where packing loses one row (the Xeon: 114 vs 88 ms) it wins only
@@ -474,7 +474,7 @@ def quantize_linears_int8(model) -> int:
     against the target, which stays as loaded), only how often it is accepted; the target's arithmetic is the output.
     Why: on the project's CPUs a float32 linear of a few rows streams 4 bytes a weight and, on the AVX2-only EPYC,
     pays 2-4x for a second row; int8 streams one byte and grows little with rows. The packaged 0.5B draft on that
-    CPU, one forward on a 200-token cache (docs/BENCHMARKS.md section 5, "An int8 draft"): 1 / 4 / 16 tokens
+    CPU, one forward on a 200-token cache (docs/BENCHMARKS.md, "Dtypes and kernels"): 1 / 4 / 16 tokens
     121 / 187 / 264 ms oneDNN-packed float32, 44 / 50 / 81 ms int8. The price is agreement: its argmax matched the
     target's on 61% of the positions of a mixed text against 66% for the float32 draft.
 
@@ -510,7 +510,7 @@ def choose_draft_quantization(model, measure=None) -> str:
     """``"int8"`` when one row through the draft's largest linear, dynamically quantized, is at least as fast as its
     fastest float32 path on this CPU; ``"none"`` otherwise (also for bfloat16, CUDA, or a torch without a quantized
     CPU engine). Measured on the 0.5B draft: 0.49 against 4.2 ms on the AVX2-only EPYC, 0.13 against 1.9 ms on the
-    EPYC with AVX512-BF16, 0.37 against 1.2 ms on the Xeon with AMX (docs/BENCHMARKS.md section 5): a verdict far
+    EPYC with AVX512-BF16, 0.37 against 1.2 ms on the Xeon with AMX (docs/BENCHMARKS.md, "Dtypes and kernels"): a verdict far
     from the line, so one measurement decides. ``measure`` (default :func:`int8_linear_seconds`) returns
     ``(float32_seconds, int8_seconds)`` or None."""
     seconds = (measure or int8_linear_seconds)(model)

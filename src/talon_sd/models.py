@@ -195,7 +195,7 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     """``"auto"`` → bfloat16 on CUDA and on CPUs with native bfloat16, else float32.
 
     Why float32 on a CPU without bf16 instructions, although its one-token step is slower there: on an
-    AVX2-only AMD EPYC (docs/BENCHMARKS.md section 5, "The AVX2-only AMD EPYC of issue 11") a bfloat16
+    AVX2-only AMD EPYC (docs/BENCHMARKS.md, "Dtypes and kernels") a bfloat16
     decode step of the 1.5B target took 302 ms against 478 ms in packed float32, but every prompt token
     of the prefill 142-156 ms against 26-31 ms, so bfloat16 was 0.71x float32 end to end on the six
     datasets (0.40x on 600-700-token prompts); it wins only where the prompt is shorter than about 1.5x

@@ -9,9 +9,9 @@ is stored as four aligned vectors:
     scores  [N]  float32 cumulative draft log-probability of the root-to-node path (root 0.0)
 
 Parents precede their children, so a prefix ``tree[:n]`` is itself a tree. Siblings carry distinct
-tokens. The constructor checks all of this (a tree built from outside); the verbs that grow a tree
-(:meth:`root`, :meth:`extend`, :meth:`select`) keep it by construction and skip the checks, which
-would wait for the device on every draft forward. Derived views, computed once on first use:
+tokens. The constructor checks all of this (a tree built from outside); :meth:`root` and :meth:`extend`,
+which grow a tree on every draft forward, keep it by construction and skip the checks, which would wait
+for the device (:meth:`select` checks only that its nodes are closed under parents). Derived views, computed once on first use:
 
     ancestors   [N, N] bool  row i marks i and every ancestor of i (the tree attention pattern)
     positions   [N]          depth, i.e. the offset of the node after the root's position

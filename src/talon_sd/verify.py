@@ -94,15 +94,16 @@ def noise_key(seed: int, position: int) -> int:
 
 class PositionNoise:
     """The sampling rule's only randomness: one standard Gumbel vector per absolute position, a function of
-    (seed, position, vocabulary size, device kind) alone. Positions count from the prompt's first token."""
+    (seed, position, vocabulary size) alone, drawn on the CPU whatever device the logits are on (a GPU's own
+    generator lays its numbers out by the GPU model). Positions count from the prompt's first token."""
 
     def __init__(self, seed: int) -> None:
         self.seed = seed
 
     def gumbel(self, position: int, vocab: int, device: torch.device) -> torch.Tensor:
         """[V] float32 Gumbel(0, 1) noise for the token at ``position``."""
-        generator = torch.Generator(device=device).manual_seed(noise_key(self.seed, position))
-        uniform = torch.rand(vocab, generator=generator, device=device)  # [V] in [0, 1)
+        generator = torch.Generator().manual_seed(noise_key(self.seed, position))
+        uniform = torch.rand(vocab, generator=generator).to(device)  # [V] in [0, 1)
         return uniform.clamp_(min=torch.finfo(torch.float32).tiny).log_().neg_().log_().neg_()
 
     def draw(self, scores: torch.Tensor, position: int) -> int:

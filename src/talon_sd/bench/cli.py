@@ -25,7 +25,7 @@ from .sweep import SWEEP_METHODS
 TUNE_METHODS = ("talon", "eagle", "chain", "static")
 # Calibration length per prompt: a sampled step's accepted length is random even for a fixed context,
 # so a sampled calibration needs more steps for the same precision (at 24 tokens, about 17 steps per
-# configuration, TALON's sampled MAT was not even monotone in N; docs/BENCHMARKS.md section 1).
+# configuration, TALON's sampled MAT was not even monotone in N in one calibration).
 CALIBRATION_TOKENS_GREEDY = 24
 CALIBRATION_TOKENS_SAMPLED = 64
 

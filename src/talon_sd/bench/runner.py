@@ -25,9 +25,7 @@ packaged Qwen pair, or tiny test models with ``tokenizer=None`` and :class:`Prom
   first prompt (first-call allocations, lazy initialisation), untimed; what the online budget controllers
   learned from it is then forgotten (:meth:`~talon_sd.generator.SpeculativeGenerator.restore_controller_memory`),
   so the first timed run starts from the controllers the bench was given. The warm-up's times are cold (the
-  first draft forward ever), and kept they told the controller's prompt prior (:mod:`talon_sd.control` design
-  29) that the first prompt's text drafted slower than plain decoding: on the AVX2-only EPYC in float32 the
-  second HumanEval prompt then started plain (docs/BENCHMARKS.md section 5).
+  first draft forward ever): kept, they would tell the controller that drafting costs more than it does.
 * **Multi-turn prompts** (MT-Bench) are real conversations: turn k is sent after the user turns
   1..k-1 and the model's own answers to them. The answer used is the one of the *reference* variant
   (``ar``, the target's own decoding; the first variant if there is no ``ar``), so that every method

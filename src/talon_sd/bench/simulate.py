@@ -359,7 +359,7 @@ def replay_turn(turn: Turn, policy, clock: Clock, max_new_tokens: int,
                 tokens: int | None = None) -> tuple[int, float, list[int], list[str]]:
     """(tokens, seconds, budgets, reasons) of one request under a controller or a fixed budget."""
     controller = None if isinstance(policy, int) else policy
-    length = len(turn.answer) if tokens is None else min(tokens, len(turn.answer))
+    length = min(len(turn.answer) if tokens is None else tokens, len(turn.answer), max_new_tokens)
     position, pending, budgets, reasons = 0, turn.prompt_tokens, [], []
     seconds = clock.hardware.prefill_seconds(turn.prompt_tokens)
     while position < length:

@@ -15,11 +15,11 @@ Value: the prefix property
     on those same steps, chained up from N = 1: what the probes' text had in common cancels.
 
 The text: the target's confidence
-    Acceptance depends on the text (code is predictable, open chat is not). The running mean of the target's
-    top-1 probability over the last 8 committed tokens tells predictable text (>= 0.9) from open text. Drafted
-    steps are also kept per kind of text; the drafted tokens of every budget are scaled by how much the recent
-    kind accepted at N = 2 (which every drafted step informs) against all text; a kind of text that few drafted
-    steps have seen gets a trial tree from plain decoding at once.
+    Acceptance depends on the text (code is predictable, open chat is not). An exponential mean of the target's
+    top-1 probability over the committed tokens (weight 1/8 each) tells predictable text (>= 0.9) from open
+    text. Drafted steps are also kept per kind of text; every budget's drafted tokens are scaled by what the
+    recent kind accepted at N = 2 (which every drafted step informs) against all text; a kind of text that few
+    drafted steps have seen gets a trial tree from plain decoding at once.
 
 Costs
     Measured seconds by size (:class:`CostCurve`): the verify by tree size, a draft forward by rows forwarded,
@@ -32,16 +32,17 @@ Costs
 Choice and exploration
     The choice is the budget of most expected tokens per second, plain decoding included, among those informed
     by 4 steps or more. Exploring is paid from a credit of ``exploration`` (3%) of the time run, so it loses at
-    most that share: a probe at the rung at or above twice the choice and ``initial_budget`` (past a dip in the
-    rate: on a float32 CPU trees of 2-8 nodes may lose where 16 wins; a larger tree commits at least what the
-    choice would, so it loses at most its extra seconds); while drafting, a plain step every ``plain_refresh``
-    steps; while plain, a trial tree priced with its catch-up. A fresh controller runs ``initial_budget`` until
-    4 steps inform it, and measures one plain step.
+    most that share (but for a fresh controller's plain step and a few trees per kind of text): a probe at the
+    rung at or above twice the choice and ``initial_budget`` (past a dip in the rate: on a float32 CPU trees of
+    2-8 nodes may lose where 16 wins; a larger tree commits at least what the choice would, so it loses at most
+    its extra seconds); while drafting, a plain step every ``plain_refresh`` steps; while plain, a trial tree
+    priced with its catch-up. A fresh controller runs ``initial_budget`` until 4 steps inform it.
 
-Many requests: :func:`share_budget` shares one verify budget among a batch's requests by their own expected tokens.
+Many requests: :func:`share_budget` shares one verify budget among a batch's requests by their expected tokens.
 State: JSON data (``to_dict``, ``from_dict``; :mod:`talon_sd.controller_memory` keeps it between processes).
 """
 
-from .controller import LADDER, REASONS, BudgetController, ControllerSettings, CostPrior, Value, share_budget  # noqa: F401
+from .controller import (LADDER, REASONS, BudgetController, ControllerSettings, CostPrior,  # noqa: F401
+                         Value, share_budget)
 from .costs import CostCurve  # noqa: F401
-from .records import PrefixOutcome, StepRecord, informs, prefix_outcome  # noqa: F401 (the package's names)
+from .records import PrefixOutcome, StepRecord, informs, prefix_outcome  # noqa: F401

@@ -52,7 +52,7 @@ class ControllerSettings:
     plain_refresh: int = 64
 
     def __post_init__(self) -> None:
-        for name, low, high in (("max_budget", 2, 4096), ("initial_budget", 1, self.max_budget),
+        for name, low, high in (("max_budget", 2, 4096), ("initial_budget", 2, self.max_budget),
                                 ("cost_window", 1, 4096), ("horizon", 1, 10**6), ("plain_refresh", 1, 10**6)):
             if type(getattr(self, name)) is not int or not low <= getattr(self, name) <= high:
                 raise bad_argument(name, getattr(self, name), f"an integer in [{low}, {high}]")
@@ -83,8 +83,7 @@ class Value:
                 self.sums[name][i] += amount
             self.informed[i] += 1
 
-    def ratios(self) -> dict[int, float]:
-        """Each budget's committed tokens over the budget below's on the steps that informed it (TRUSTED or more)."""
+    def ratios(self) -> dict[int, float]:  # each budget's tokens over the budget below's on the steps informing it
         tokens, below = self.sums["tokens"], self.sums["below"]
         return {k: tokens[i] / below[i] for i, k in enumerate(self.candidates)
                 if i and self.informed[i] >= TRUSTED and below[i] > 0}
@@ -95,8 +94,7 @@ class Value:
         weight = self.sums["weight"][i] if i >= 0 else 0.0
         return tuple(self.sums[name][i] / weight for name in self.NAMES[3:]) if weight > 0 else None
 
-    def load(self, data: dict) -> "Value":
-        """This value with the ``sums`` and ``informed`` that :meth:`BudgetController.to_dict` wrote."""
+    def load(self, data: dict) -> "Value":  # the sums and counts BudgetController.to_dict wrote
         self.sums, self.informed = {name: list(map(float, data["sums"][name])) for name in self.NAMES}, data["informed"]
         if {len(self.informed), *map(len, self.sums.values())} != {len(self.candidates)}:
             raise ValueError("controller state: per-candidate sums of another length")
@@ -117,7 +115,7 @@ class BudgetController:
         self.other = CostCurve(window)  # draft forwards in the step -> seconds of the rest of it
         self.value = Value(self.candidates)  # every drafted step
         self.by_kind = (Value(self.candidates), Value(self.candidates))  # the steps on open / predictable text
-        self.confidence = 0.0  # the target's top-1 probability, a running mean over the last committed tokens
+        self.confidence = 0.0  # the target's top-1 probability, an exponential mean over committed tokens (1/8 each)
         self.choice = settings.initial_budget
         self.credit = 0.0  # seconds exploration may still lose
         self.reason = "initial"
@@ -130,6 +128,9 @@ class BudgetController:
             if (value is not None or name == "catch_up_tokens") and (type(value) is not int or value < 0):
                 raise bad_argument(name, value, "an integer >= 0" + (" or None" if name == "tokens_left" else ""))
         self._catch_up = catch_up_tokens
+        if tokens_left == 1:  # one token to go: no draft could be kept
+            self.reason = "choice"
+            return 1
         rates = self.rates(catch_up_tokens, tokens_left)
         if max(rates, default=1) == 1:  # no drafted budget known yet
             budget, self.reason = self.choice, "initial"
@@ -141,7 +142,7 @@ class BudgetController:
         action = self._exploration(rates, catch_up_tokens)
         if action is not None:
             budget, self.reason, loss = action
-            self.credit -= loss
+            self.credit -= max(loss, 0.0)
         return budget
 
     def observe(self, record: StepRecord) -> None:
@@ -233,8 +234,7 @@ class BudgetController:
         return action if self.credit >= action[2] else None
 
     def for_next_sequence(self) -> "BudgetController":
-        """A copy that continues with the next request (this one stays as it is)."""
-        return copy.deepcopy(self)
+        return copy.deepcopy(self)  # a copy continues with the next request; this one stays as it is
 
     def to_dict(self) -> dict:
         """What it learned, as JSON-ready data (:meth:`from_dict` reads it back)."""

@@ -1,5 +1,4 @@
-"""Measured seconds by size: one :class:`CostCurve` for the controller's verify, draft and per-step costs and
-for ``talon tune``'s profiles."""
+"""Measured seconds by size: :class:`CostCurve`, for the controller's costs and ``talon tune``'s profiles."""
 
 from __future__ import annotations
 
@@ -15,11 +14,10 @@ def bucket(size: int) -> int:
 
 
 class CostCurve:
-    """Seconds by size: the median of each size's last ``window`` samples, made non-decreasing by weighted
-    isotonic regression (one slow outlier at a small size does not lift every larger one), interpolated
-    linearly, and continued past the measured sizes with the larger of the last segment's and the whole
-    curve's slope (never negative). ``prior`` points stand in for sizes not measured, scaled by the median
-    measured / prior ratio of the sizes that are. Sizes are ints >= 0; reads take any number."""
+    """Seconds by size: the median of each size's last ``window`` samples, made non-decreasing by weighted isotonic
+    regression (one slow outlier at a small size does not lift every larger one), interpolated linearly, and past
+    the measured sizes continued with the larger of the last segment's and the whole curve's slope (never < 0).
+    ``prior`` points stand in for unmeasured sizes, scaled by the median measured / prior ratio of the others."""
 
     def __init__(self, window: int = 16, prior: Mapping[int, float] | None = None) -> None:
         self.window = window

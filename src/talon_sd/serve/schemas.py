@@ -246,6 +246,7 @@ def talon_stats(result: GenerationResult) -> dict:
         "seconds_draft": stats["seconds_draft"],
         "seconds_verify": stats["seconds_verify"],
         "stop_reason": result.stop_reason,
+        "seed": stats["seed"],  # the sampling seed (drawn when the request gave none); None when greedy
     }
 
 

@@ -59,7 +59,7 @@ class TrainConfig:
     step_weight: float = 0.8  # loss weight of step j is step_weight ** j
     precision: str = "auto"  # --precision: auto (bf16 autocast where the CPU is fast at it), float32, bfloat16
     head_init: str = "random"  # --head-init: random, or target (lm_head rows and final norm copied from the target;
-    # measured no better on the packaged target's 81K-token run, docs/BENCHMARKS.md section 6)
+    # measured no better on the packaged target's 81K-token run, docs/BENCHMARKS.md, "The EAGLE-3 head")
     checkpoint_every: int = 50  # --checkpoint-every: steps between checkpoints (not a training setting)
 
     def __post_init__(self) -> None:
