@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
-from conftest import DEVICE, VOCAB, plain_greedy
+from conftest import VOCAB, plain_greedy
 from helpers import make_drafter, run
 from talon_sd.config import TreeConfig
 

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
-from .cli_common import (add_memory_argument, add_model_arguments, add_tree_arguments, configure_torch,  # noqa: F401
-                         controller_start, make_generator, restore_controller_memory, tree_options)
+from .cli_common import (add_memory_argument, add_model_arguments, add_tree_arguments, configure_torch,
+                         make_generator, restore_controller_memory, tree_options)
 from .errors import TalonError
 
 

@@ -12,7 +12,6 @@ other settings is refused with a one-line error (before any model is loaded).
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import re
 import shlex
