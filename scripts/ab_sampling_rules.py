@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import pathlib
 import statistics
 import time
@@ -77,20 +78,26 @@ def main() -> int:
     parser.add_argument("--out", type=pathlib.Path, required=True)
     args = parser.parse_args()
     budget = args.budget if args.budget == "auto" else int(args.budget)
-    generator = SpeculativeGenerator(dtype=args.dtype)
     done = {}
     if args.out.exists():
         for line in args.out.read_text().splitlines():
             row = json.loads(line)
-            done[(row["prompt"], row["round"], row["variant"])] = row
-    else:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"machine": machine_info(), "dtype": str(generator.target.dtype), "args": vars(args) | {"out": str(args.out)}})
-                            + "\n")
+            if "variant" in row:  # the first line is the run's header
+                done[(row["prompt"], row["round"], row["variant"])] = row
     prompts = load_prompts(args.datasets.split(","), limit=args.limit)
     variants = ["ar", "keyed", "rejection"]
-    generator.generate(input_ids=prompt_ids(generator, prompts[0], [], 0), max_new_tokens=8)  # warm-up
+    todo = [(index, round_, variant) for index in range(len(prompts)) for round_ in range(args.repeats)
+            for variant in variants if (index, round_, variant) not in done]
+    if todo:  # load the pair only when something is left to run
+        generator = SpeculativeGenerator(dtype=args.dtype)
+        if not args.out.exists():
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps({"machine": machine_info(), "dtype": str(generator.target.dtype),
+                                            "args": vars(args) | {"out": str(args.out)}}) + "\n")
+        generator.generate(input_ids=prompt_ids(generator, prompts[0], [], 0), max_new_tokens=8)  # warm-up
     for index, prompt in enumerate(prompts):
+        if not any(key[0] == index for key in todo):
+            continue
         ids = prompt_ids(generator, prompt, [], 0)
         for round_ in range(args.repeats):
             shift = (index + round_) % len(variants)
@@ -121,6 +128,18 @@ def main() -> int:
         print(f"| {dataset} | {statistics.median(columns['ar tok/s']):.2f} | {statistics.median(columns['keyed']):.3f} | "
               f"{statistics.median(columns['rejection']):.3f} | {statistics.mean(columns['keyed MAT']):.2f} | "
               f"{statistics.mean(columns['rejection MAT']):.2f} | {sum(flags)}/{len(flags)} |")
+    logs = [math.log(statistics.mean(done[(i, r, "keyed")]["mat"] for r in range(args.repeats))
+                     / statistics.mean(done[(i, r, "rejection")]["mat"] for r in range(args.repeats)))
+            for i in range(len(prompts))]  # the rules sample different texts: compare per prompt, with the spread
+    print(f"MAT keyed / rejection per prompt: keyed higher on {sum(x > 0 for x in logs)} of {len(logs)}, geometric "
+          f"mean {math.exp(statistics.mean(logs)):.3f} (standard error x{math.exp(statistics.stdev(logs) / len(logs) ** 0.5):.3f})")
+    for round_ in range(args.repeats):  # all prompts' tokens over their seconds and target forwards, per round
+        rows = [done[(i, round_, v)] for i in range(len(prompts)) for v in variants]
+        total = {v: (sum(len(r["tokens"]) for r in rows if r["variant"] == v),
+                     sum(r["seconds"] for r in rows if r["variant"] == v),
+                     sum(len(r["tokens"]) / r["mat"] for r in rows if r["variant"] == v)) for v in variants}
+        print(f"round {round_ + 1}: " + ", ".join(f"{v} {t / s:.2f} tok/s" + (f" MAT {t / f:.2f}" if v != "ar" else "")
+                                                 for v, (t, s, f) in total.items()))
     return 0
 
 

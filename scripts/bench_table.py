@@ -48,6 +48,24 @@ def table(paths: list[pathlib.Path], names: list[str], detail: set[str]) -> str:
     return "\n".join(lines)
 
 
+def round_speedups(run: dict) -> dict[str, list[float]]:
+    """Each variant's overall speed over ``ar`` in each repeat round (all prompts' tokens over all their seconds in
+    that round): the spread between rounds is the noise a difference between two figures must exceed."""
+    tokens: dict[str, float] = {}
+    seconds: dict[str, list[float]] = {}
+    for sample in run["samples"]:
+        label = short(sample["label"])
+        rounds = sample.get("round_seconds") or [sample["seconds"]]
+        tokens[label] = tokens.get(label, 0) + sample["new_tokens"]
+        totals = seconds.setdefault(label, [0.0] * len(rounds))
+        for index, value in enumerate(rounds[:len(totals)]):
+            totals[index] += value
+    if "ar" not in seconds:
+        return {}
+    return {label: [(tokens[label] / s) / (tokens["ar"] / a) for s, a in zip(seconds[label], seconds["ar"])]
+            for label in seconds if label != "ar"}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", type=pathlib.Path, nargs="+")
@@ -63,6 +81,10 @@ def main() -> int:
         machine = run["machine"]
         print(f"\n{path}: `{run['command']}`; {run['created'][:10]}, {machine.get('cpu')} ({machine.get('isa', '?')}), "
               f"{run['settings']['dtype']}, {run['settings']['threads']} threads, commit {run.get('versions', {}).get('git_revision', '?')[:7]}")
+        rounds = round_speedups(run)
+        if rounds and len(next(iter(rounds.values()))) > 1:
+            print("overall speed-up over ar in each repeat round: "
+                  + "; ".join(f"{label} " + " / ".join(f"{x:.2f}" for x in values) for label, values in rounds.items()))
     return 0
 
 

@@ -77,12 +77,16 @@ def test_leaves_plain_decoding_when_speculation_starts_to_pay():
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 @pytest.mark.parametrize("text", ["code", "chat"])
 def test_on_this_cpus_measured_costs_never_slower_than_plain_and_near_the_best(dtype, text):
+    """Per seed at least 0.95 of plain decoding; over seeds, the median within 7% of the best fixed budget (on
+    float32 code the best tree is only ~7% faster than plain, and a few noisy steps may keep a run plain)."""
     acceptance = dict(agree=0.95, confidence=(0.7, 0.99)) if text == "code" else dict(agree=0.8, confidence=(0.3, 0.9))
     world = world_on(CPU_FACTS_MS[dtype], **acceptance)
-    run = simulate(world, 300, fresh())
-    rates = fixed_rates(world, 300)
-    assert run.rate() >= 0.95 * rates[1]
-    assert run.rate() >= 0.93 * max(rates.values())
+    to_best = []
+    for seed in range(5):
+        run, rates = simulate(world, 300, fresh(), seed=seed), fixed_rates(world, 300, seed=seed)
+        assert run.rate() >= 0.95 * rates[1], seed
+        to_best.append(run.rate() / max(rates.values()))
+    assert sorted(to_best)[2] >= 0.93, to_best
 
 
 def test_exploration_loses_at_most_its_share_of_the_time():
@@ -208,6 +212,18 @@ def test_a_budget_informed_by_few_steps_cannot_be_chosen():
 
 
 # ---------------------------------------------------------------------------------------------- costs
+def test_a_steps_draft_seconds_are_its_forwards_priced_by_width():
+    """Forwards of 1, 2 and 6 rows costing 0.1, 0.3 and 0.35 s make a step's draft 0.75 s, not 3 x draft(3 rows)."""
+    controller = fresh()
+    record = StepRecord(node_parent=(-1, 0, 0, 1, 1, 1, 2, 2, 2, 3, 4, 5, 6, 7, 8), accepted=(),
+                        forward_widths=(1, 2, 6), prefix_after_forward=(3, 9, 15), draft_seconds=(0.1, 0.3, 0.35),
+                        verify_seconds=1.0, other_seconds=0.0, budget=15, complete=False)
+    for _ in range(4):
+        controller.observe(record)
+    assert controller.seconds(12) == pytest.approx(1.0 + 0.1 + 0.3 + 0.35)
+    assert controller.seconds(3) == pytest.approx(1.0 + 0.1)  # 3 nodes need the first forward only
+
+
 def test_cost_curve_is_a_non_decreasing_fit_of_recent_medians():
     curve = CostCurve(window=3)
     for size, seconds in ((1, 1.0), (2, 3.0), (4, 2.0), (8, 4.0), (2, 3.0), (2, 3.0)):

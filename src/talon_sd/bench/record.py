@@ -11,7 +11,7 @@ accept and draft: :func:`talon_sd.bench.simulate.replay_step` runs a controller 
 top-1 probability before each answer token (what the controller reads the text's predictability from) comes from
 one teacher-forced target forward.
 
-    python scripts/record_positions.py docs/bench/online-sweep13/checkpoint.jsonl --out positions.jsonl
+    python scripts/record_positions.py docs/bench/sweep-auto-greedy/checkpoint.jsonl --out positions.jsonl
 
 One JSON line per prompt turn; resumable (turns already in ``--out`` are skipped). Cost: one draft forward
 per tree layer per position (~0.1 s each in bf16 on a 2-core Xeon).

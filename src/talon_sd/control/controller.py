@@ -15,7 +15,7 @@ LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # the budgets considered (a
 TRUSTED = 4  # steps that must inform a budget before it can be chosen
 PREDICTABLE = 0.9  # the target's recent top-1 probability from which text counts as predictable
 CONFIDENCE_TOKENS = 8  # committed tokens the recent top-1 probability is a running mean over
-STATE_VERSION = 1
+STATE_VERSION = 2
 REASONS = {  # why a step got its budget (DecodeStats.reasons)
     "initial": "nothing learned yet: the initial budget",
     "choice": "the most expected tokens per second",
@@ -63,14 +63,15 @@ class ControllerSettings:
 
 
 class Value:
-    """Per candidate budget, sums over the steps that informed it (aged by the controller) of their weight,
-    committed tokens at it and at the budget below, draft forwards, rows forwarded and nodes; and their count."""
+    """Per candidate budget, aged sums over the steps that informed it of their weight, committed tokens at it and
+    at the budget below and nodes, and its draft forwards by width (priced when read); and their count."""
 
-    NAMES = ("weight", "tokens", "below", "forwards", "rows", "nodes")
+    NAMES = ("weight", "tokens", "below", "nodes")
 
     def __init__(self, candidates: tuple[int, ...]) -> None:
         self.candidates = candidates
         self.sums = {name: [0.0] * len(candidates) for name in self.NAMES}
+        self.widths: list[dict[int, float]] = [{} for _ in candidates]  # forward width -> count
         self.informed = [0] * len(candidates)
 
     def add(self, record: StepRecord) -> None:
@@ -78,9 +79,10 @@ class Value:
             if not informs(record, k):
                 break
             outcome, below = prefix_outcome(record, k), prefix_outcome(record, self.candidates[i - 1])
-            for name, amount in zip(self.NAMES, (1, outcome.accepted + 1, below.accepted + 1, outcome.forwards,
-                                                 sum(outcome.draft_widths), outcome.tree_size)):
+            for name, amount in zip(self.NAMES, (1, outcome.accepted + 1, below.accepted + 1, outcome.tree_size)):
                 self.sums[name][i] += amount
+            for width in outcome.draft_widths:
+                self.widths[i][width] = self.widths[i].get(width, 0.0) + 1
             self.informed[i] += 1
 
     def ratios(self) -> dict[int, float]:  # each budget's tokens over the budget below's on the steps informing it
@@ -88,15 +90,20 @@ class Value:
         return {k: tokens[i] / below[i] for i, k in enumerate(self.candidates)
                 if i and self.informed[i] >= TRUSTED and below[i] > 0}
 
-    def shape(self, budget: int) -> tuple[float, float, float] | None:
-        """(draft forwards, rows forwarded, verified nodes) of a step at ``budget``, on average; None if unknown."""
+    def shape(self, budget: int) -> tuple[dict[int, float], float] | None:
+        """(draft forwards by width, verified nodes) of a step at ``budget`` on average; None if unknown."""
         i = self.candidates.index(budget) if budget in self.candidates else -1
         weight = self.sums["weight"][i] if i >= 0 else 0.0
-        return tuple(self.sums[name][i] / weight for name in self.NAMES[3:]) if weight > 0 else None
+        return ({w: n / weight for w, n in self.widths[i].items()}, self.sums["nodes"][i] / weight) if weight else None
+
+    def age(self, factor: float) -> None:
+        self.sums = {name: [x * factor for x in sums] for name, sums in self.sums.items()}
+        self.widths = [{w: n * factor for w, n in counts.items()} for counts in self.widths]
 
     def load(self, data: dict) -> "Value":  # the sums and counts BudgetController.to_dict wrote
         self.sums, self.informed = {name: list(map(float, data["sums"][name])) for name in self.NAMES}, data["informed"]
-        if {len(self.informed), *map(len, self.sums.values())} != {len(self.candidates)}:
+        self.widths = [{int(w): float(n) for w, n in counts.items()} for counts in data["widths"]]
+        if {len(self.informed), len(self.widths), *map(len, self.sums.values())} != {len(self.candidates)}:
             raise ValueError("controller state: per-candidate sums of another length")
         return self
 
@@ -132,11 +139,10 @@ class BudgetController:
             self.reason = "choice"
             return 1
         rates = self.rates(catch_up_tokens, tokens_left)
-        if max(rates, default=1) == 1:  # no drafted budget known yet
-            budget, self.reason = self.choice, "initial"
-            if self.choice == 1 or 1 not in rates:  # nothing drafted is known: a fresh start, or forgotten
-                budget = self.choice = self.settings.initial_budget
-            return budget
+        if max(rates, default=1) == 1:  # no drafted budget known yet: a fresh start, or forgotten
+            self.reason = "initial"
+            self.choice = self.choice if self.choice > 1 and 1 in rates else self.settings.initial_budget
+            return self.choice
         self.choice = max(rates, key=lambda k: (rates[k], -k))
         budget, self.reason = self.choice, "choice"
         action = self._exploration(rates, catch_up_tokens)
@@ -152,9 +158,8 @@ class BudgetController:
         self.verify.add(record.size, record.verify_seconds)
         self.other.add(len(record.forward_widths), record.other_seconds)
         values = (self.value, self.by_kind[self.predictable])  # the kind of text the step was chosen for
-        age = 0.5 ** (1 / self.settings.half_life)  # every step ages what the steps before it taught
-        for value in (self.value, *self.by_kind):
-            value.sums = {name: [x * age for x in sums] for name, sums in value.sums.items()}
+        for value in (self.value, *self.by_kind):  # every step ages what the steps before it taught
+            value.age(0.5 ** (1 / self.settings.half_life))
         for confidence in record.confidence:
             self.confidence += (confidence - self.confidence) / CONFIDENCE_TOKENS
         if not record.forward_widths:
@@ -192,9 +197,9 @@ class BudgetController:
         """Expected seconds of a step at ``budget``: verify, draft forwards and the rest, as measured."""
         if budget == 1:
             return self.verify(1) + self.other(0)
-        shape = self.value.shape(budget)
-        forwards, rows, nodes = shape or (max(1.0, math.log2(budget)), budget - 1.0, float(budget))  # a guess
-        return self.verify(nodes) + forwards * self.draft(rows / max(forwards, 1.0)) + self.other(forwards)
+        guess = max(1.0, math.log2(budget))  # the forwards of a budget no step informed
+        widths, nodes = self.value.shape(budget) or ({(budget - 1) / guess: guess}, budget)
+        return self.verify(nodes) + sum(n * self.draft(w) for w, n in widths.items()) + self.other(sum(widths.values()))
 
     def catch_up_seconds(self, tokens: int) -> float:
         """What forwarding ``tokens`` more rows adds to a draft forward (past the most rows measured, at least their
@@ -240,7 +245,8 @@ class BudgetController:
         """What it learned, as JSON-ready data (:meth:`from_dict` reads it back)."""
         return {"version": STATE_VERSION, "settings": asdict(self.settings), "choice": self.choice,
                 "credit": self.credit, "confidence": self.confidence,
-                "values": [{"sums": v.sums, "informed": v.informed} for v in (self.value, *self.by_kind)],
+                "values": [{"sums": v.sums, "widths": v.widths, "informed": v.informed}
+                           for v in (self.value, *self.by_kind)],
                 "costs": [curve.to_dict() for curve in (self.verify, self.draft, self.other)]}
 
     @classmethod
