@@ -156,6 +156,19 @@ def test_greedy_with_a_random_head_equals_plain_greedy(target, head, tree):
         assert stats.draft_forwards > 0
 
 
+@pytest.mark.parametrize("sampling", [SamplingConfig(do_sample=True, temperature=0.7, top_p=0.9, seed=7),
+                                      SamplingConfig(do_sample=True, temperature=1.0, top_k=20, seed=7)],
+                         ids=["T=0.7,top_p=0.9", "T=1,top_k=20"])
+@pytest.mark.parametrize("tree", TREES, ids=lambda t: t.label)
+def test_a_seeded_sample_with_a_random_head_is_plain_decodings(target, head, tree, sampling):
+    """Keyed seeded sampling: token for token ``ar``'s text for the same seed (an auto budget runs the cycling
+    controller: plain steps and budget changes)."""
+    prompt = [5, 17, 33, 8, 5, 17]
+    plain, _ = run(target, None, TreeConfig("ar"), prompt, 30, sampling=sampling)
+    tokens, stats = run(target, Eagle3Drafter(head), tree, prompt, 30, sampling=sampling)
+    assert tokens == plain and stats.draft_forwards > 0
+
+
 def test_generator_with_an_eagle3_head(target, head):
     generator = SpeculativeGenerator.from_models(target, head, drafter="eagle3", tree="talon", budget=8)
     result = generator.generate(input_ids=[5, 17, 33, 8], max_new_tokens=20, ignore_eos=True)
