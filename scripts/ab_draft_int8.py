@@ -35,7 +35,7 @@ def main() -> None:
     args = parser.parse_args()
     info = machine_info()
     print(f"machine: {info['cpu']}, bf16 native: {info['bf16_native']}, load {info['load_average']}", flush=True)
-    fp32 = SpeculativeGenerator(None, None, tree="talon", dtype=args.dtype, draft_quantization="none")
+    fp32 = SpeculativeGenerator(None, None, tree="talon", dtype=args.dtype, quantize="none")
     loaded = models.load_model(models.DEFAULT_DRAFT, role="draft", dtype=args.dtype)
     quantize_linears_int8(loaded.model)
     int8 = SpeculativeGenerator.from_models(fp32.target_model, loaded.model, fp32.tokenizer, tree="talon")

@@ -29,7 +29,8 @@ from talon_sd.lm import CausalLM
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variants", default="float32:default,float32:auto,bfloat16:auto",
-                        help="comma-separated dtype:cpu_kernels[:draft_quantization] (the last: none by default)")
+                        help="comma-separated dtype:cpu_kernels[:quantize] (the last: none by default; int8/int4 quantize "
+                             "target and draft LM)")
     parser.add_argument("--sizes", default="1,2,4,8,16,32")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--context", type=int, default=200)
@@ -47,8 +48,8 @@ def main() -> None:
     for variant in args.variants.split(","):
         dtype, kernels, *quantization = variant.split(":")
         generator = SpeculativeGenerator(args.target, args.draft, dtype=dtype, device=args.device,
-                                         cpu_kernels=kernels, draft_quantization=(quantization or ["none"])[0])
-        label = variant.split(":", 1)[1]  # cpu_kernels, and the draft's quantization when given
+                                         cpu_kernels=kernels, quantize=(quantization or ["none"])[0])
+        label = variant.split(":", 1)[1]  # cpu_kernels, and the quantization when given
         draft = CausalLM(generator.draft_model, role="draft")
         rows = {"target": measure_forward_costs(generator.target, sizes, "verify", args.context, args.repeats),
                 "draft": measure_forward_costs(draft, sizes, "draft", args.context, args.repeats)}

@@ -16,6 +16,7 @@ import torch
 from conftest import noisy_copy, tiny_model
 from talon_sd.bench import cli as bench_cli
 from talon_sd.bench.datasets import DATASETS, load_jsonl, load_prompts, parse_dataset_names, prompts_from_ids
+from talon_sd.bench.llamacpp import LLAMACPP_METHODS
 from talon_sd.bench.methods import METHODS, Decoding, Outcome, bench_variants, parse_methods
 from talon_sd.bench.results import SCHEMA, build_results, summarize
 from talon_sd.bench.runner import SampleRecord, run_bench
@@ -84,15 +85,18 @@ def no_models(monkeypatch):
     monkeypatch.setattr(bench_cli, "_load_generator", refuse)
 
 
+OURS = tuple(m for m in METHODS if m not in LLAMACPP_METHODS)  # the methods that run without llama-cpp-python
+
 # ------------------------------------------------------------------------------------------ bench
 
 
 def test_bench_cli_runs_every_method_end_to_end(use_generator, tmp_path, capsys):
+    """Every method but the llama.cpp ones (their own test: they need llama-cpp-python and a GGUF target)."""
     data = tmp_path / "mine.jsonl"
     data.write_text(json.dumps({"question_id": 7, "turns": ["Write a haiku about tiny models."]}) + "\n")
     out = tmp_path / "run"
     status = main(["bench", "--datasets", "mt_bench", "--data", str(data), "--limit", "1", "--max-new-tokens", "16",
-                   "--methods", ",".join(METHODS), "--threads", "1", "--warmup-tokens", "4", "--no-progress",
+                   "--methods", ",".join(OURS), "--threads", "1", "--warmup-tokens", "4", "--no-progress",
                    "--out", str(out)])
     assert status == 0
     table = capsys.readouterr().out
@@ -107,12 +111,12 @@ def test_bench_cli_runs_every_method_end_to_end(use_generator, tmp_path, capsys)
     settings = results["settings"]
     assert settings["mode"] == "greedy" and settings["threads"] == 1 and settings["dtype"] == "float32"
     assert settings["hf_assistant"]["num_assistant_tokens"] is not None
-    assert [v["label"] for v in results["variants"]] == list(METHODS)
+    assert [v["label"] for v in results["variants"]] == list(OURS)
     assert results["variants"][-1]["tree"]["budget"] == TreeConfig("talon").budget
 
     # 2 prompts: MT-Bench #81 (two turns, the second after ar's own answer) and the data file's one.
     samples = results["samples"]
-    assert len(samples) == 3 * len(METHODS)
+    assert len(samples) == 3 * len(OURS)
     assert {(s["dataset"], s["turn"]) for s in samples} == {("mt_bench", 1), ("mt_bench", 2), ("mine", 1)}
     first, second = (next(s for s in samples if s["label"] == "ar" and s["turn"] == t and s["dataset"] == "mt_bench")
                      for t in (1, 2))
@@ -120,7 +124,7 @@ def test_bench_cli_runs_every_method_end_to_end(use_generator, tmp_path, capsys)
     assert all(s["new_tokens"] >= 1 and s["seconds"] > 0 for s in samples)
 
     rows = {(r["dataset"], r["label"]): r for r in results["summary"]}
-    assert set(rows) == {(d, m) for d in ("mt_bench", "mine", "all") for m in METHODS}
+    assert set(rows) == {(d, m) for d in ("mt_bench", "mine", "all") for m in OURS}
     for dataset in ("mt_bench", "mine", "all"):
         assert rows[(dataset, "ar")]["speedup"] == pytest.approx(1.0)
         for method in ("ar", "chain", "static", "eagle", "talon"):  # lossless: greedy = ar, token for token
@@ -304,6 +308,34 @@ def test_bench_bad_arguments_fail_before_loading_models(no_models, capsys, argv,
     assert main(["bench", "--threads", "1", *argv]) == 2
     error = capsys.readouterr().err.strip()
     assert error.startswith("talon: error: ") and message in error and "\n" not in error
+
+
+def test_llamacpp_baselines_say_what_they_need_before_running(monkeypatch, no_models_until_checked,
+                                                              capsys, tmp_path):
+    """Without llama-cpp-python the llama.cpp methods fail before any model loads, naming the install; with it, a
+    target that was not loaded from a GGUF file is refused before anything runs."""
+    from talon_sd.bench import llamacpp
+
+    common = ["bench", "--threads", "1", "--datasets", "mt_bench", "--limit", "1", "--max-new-tokens", "4",
+              "--no-plots", "--no-progress"]
+    monkeypatch.setattr(llamacpp, "available", lambda: False)
+    assert main([*common, "--methods", "talon,llamacpp", "--out", str(tmp_path / "a")]) == 2
+    assert "methods: llamacpp needs llama-cpp-python: pip install llama-cpp-python" in capsys.readouterr().err
+    assert no_models_until_checked == []
+    monkeypatch.setattr(llamacpp, "available", lambda: True)
+    assert main([*common, "--methods", "llamacpp-lookup", "--out", str(tmp_path / "b")]) == 2
+    assert "methods: got 'llamacpp-lookup', expected a target loaded from a GGUF file" in capsys.readouterr().err
+    assert no_models_until_checked == ["loaded"]
+    with pytest.raises(TalonError, match="methods: got 'llamacpp@ngram'"):
+        parse_methods("llamacpp@ngram")
+
+
+@pytest.fixture
+def no_models_until_checked(monkeypatch, generator):
+    """The tiny generator, recording when the CLI loads it."""
+    loads = []
+    monkeypatch.setattr(bench_cli, "_load_generator", lambda args: loads.append("loaded") or generator)
+    return loads
 
 
 def test_bad_data_files_and_names_raise_talon_errors(tmp_path):

@@ -36,7 +36,7 @@ def private_cache(tmp_path, monkeypatch):
 
 def auto_generator(folders) -> SpeculativeGenerator:
     return SpeculativeGenerator(folders["target"], folders["draft"], tree="talon", dtype="float32", device="cpu",
-                                chat_template=False, cpu_kernels="packed", draft_quantization="none")
+                                chat_template=False, cpu_kernels="packed", quantize="none")
 
 
 def test_memory_round_trip_starts_a_new_generator_where_the_last_one_stopped(folders):

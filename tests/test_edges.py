@@ -272,11 +272,11 @@ def test_onednn_packed_float32_models_decode_exactly(tmp_path, monkeypatch):
     assert tokens == expected
     folder = save_tiny_llama(tmp_path / "tiny")
     generator = SpeculativeGenerator(str(folder), str(folder), dtype="float32", device="cpu", tree="talon", budget=6,
-                                     cpu_kernels="packed", draft_quantization="none")
+                                     cpu_kernels="packed", quantize="none")
     assert any(type(m).__name__ == "MkldnnLinear" for m in generator.target_model.modules())
     assert generator.cpu_kernels == {"target": "packed", "draft": "packed"}
     plain = SpeculativeGenerator(str(folder), str(folder), dtype="float32", device="cpu", tree="talon", budget=6,
-                                 cpu_kernels="default", draft_quantization="none")
+                                 cpu_kernels="default", quantize="none")
     assert not any(type(m).__name__ == "MkldnnLinear" for m in plain.target_model.modules())
     assert plain.cpu_kernels == {"target": "default", "draft": "default"}
     ids = [3, 4, 5, 3, 4]
@@ -370,15 +370,16 @@ def test_auto_cpu_kernels_pack_only_where_one_row_is_not_slower(tmp_path, monkey
     for seconds, expected in (({1: (0.002, 0.001)}, "packed"), ({1: (0.001, 0.002), 4: (0.004, 0.003)}, "default")):
         monkeypatch.setattr(lm, "linear_seconds", lambda m, seconds=seconds: seconds)
         generator = SpeculativeGenerator(str(folder), str(folder), dtype="float32", device="cpu", tree="talon", budget=6,
-                                         draft_quantization="none")
+                                         quantize="none")
         assert generator.cpu_kernels == {"target": expected, "draft": expected}
         assert any(type(m).__name__ == "MkldnnLinear" for m in generator.target_model.modules()) == (expected == "packed")
 
 
 def test_an_int8_draft_changes_what_is_proposed_never_the_output(tmp_path, monkeypatch):
-    """draft_quantization='int8' quantizes the draft LM's float32 linears (output head included) and no target
-    linear; every tree method still reproduces the target's plain greedy output; 'auto' takes int8 only where one
-    int8 row is measured at least as fast as the fastest float32 path; the controller's memory is kept apart."""
+    """The draft LM's float32 linears dynamically quantized to int8 (output head included), no target linear: every
+    tree method still reproduces the target's plain greedy output; quantize='auto' takes int8 only where one int8
+    row is measured at least as fast as the fastest float32 path; the controller's memory is kept apart.
+    quantize='int8' makes target and draft weight-only int8, and speculation reproduces that target."""
     import copy
 
     from talon_sd import lm
@@ -425,36 +426,37 @@ def test_an_int8_draft_changes_what_is_proposed_never_the_output(tmp_path, monke
     profile = {"methods": {"talon": {"best": {"budget": 12}}},
                "cost_curve": {"verify": {"1": 0.4, "8": 0.6}, "draft": {"1": 0.12}}}
     monkeypatch.setattr(profiles, "find_profile", lambda key: (profile, "profile.json"))
-    for setting, timed, prior in (("none", None, True), ("int8", None, False), ("int8", "int8", True),
-                                  ("none", "int8", False)):
+    for setting, timed, prior in (("none", None, True), ("int8", None, False), ("int8", "int8-weights", True),
+                                  ("none", "int8", False), ("int4", "int4", True), ("int4", "int8", False)):
         profile["draft_kernels"] = timed
         args = argparse.Namespace(target=None, draft=None, dtype="float32", device="cpu", drafter="model",
-                                  draft_quantization=setting, temperature=0.0)
+                                  quantize=setting, temperature=0.0)
         start = cli.controller_start(args, TreeConfig("talon", budget="auto"))
         assert start["initial_budget"] == 12 and ("cost_prior" in start) == prior, (setting, timed)
-    args.draft_quantization = "auto"
-    assert cli._expects_int8_draft(args) == lm.int8_available()
+    args.quantize = "auto"
+    assert cli._expected_draft_kernels(args) == ("int8" if lm.int8_available() else None)
     args.dtype = "bfloat16"
-    assert not cli._expects_int8_draft(args)  # only float32 linears are quantized
+    assert cli._expected_draft_kernels(args) is None  # only float32 linears are quantized dynamically
 
     monkeypatch.setenv("TALON_SD_CACHE", str(tmp_path / "cache"))
     folder = save_tiny_llama(tmp_path / "tiny")
-    made = {}
-    for setting in ("int8", "none"):
-        made[setting] = SpeculativeGenerator(str(folder), str(folder), dtype="float32", device="cpu", tree="talon",
-                                             budget=6, cpu_kernels="default", draft_quantization=setting)
-    assert made["int8"].cpu_kernels == {"target": "default", "draft": "int8"}
+    make = lambda quantize: SpeculativeGenerator(str(folder), str(folder), dtype="float32", device="cpu",  # noqa: E731
+                                                 tree="talon", budget=6, cpu_kernels="default", quantize=quantize)
+    monkeypatch.setattr(lm, "int8_linear_seconds", lambda m: (0.002, 0.001))  # int8 faster: auto quantizes the draft
+    made = {setting: make(setting) for setting in ("auto", "none", "int8")}
+    assert made["auto"].cpu_kernels == {"target": "default", "draft": "int8"}
     assert made["none"].cpu_kernels == {"target": "default", "draft": "default"}
+    assert made["int8"].cpu_kernels == {"target": "int8-weights", "draft": "int8-weights"}
     ids = [3, 4, 5, 3, 4]
-    assert (made["int8"].generate(input_ids=ids, max_new_tokens=12).token_ids
-            == made["none"].generate(input_ids=ids, max_new_tokens=12, tree="ar").token_ids)
-    assert memory_key(made["int8"], None, None) != memory_key(made["none"], None, None)
+    for setting, generator in made.items():
+        reference = "int8" if setting == "int8" else "none"  # the output is the (quantized) target's
+        assert (generator.generate(input_ids=ids, max_new_tokens=12).token_ids
+                == made[reference].generate(input_ids=ids, max_new_tokens=12, tree="ar").token_ids), setting
+    assert memory_key(made["auto"], None, None) != memory_key(made["none"], None, None)
     monkeypatch.setattr(lm, "int8_linear_seconds", lambda m: (0.001, 0.002))  # int8 slower: auto keeps float32
-    kept = SpeculativeGenerator(str(folder), str(folder), dtype="float32", device="cpu", tree="talon", budget=6,
-                                cpu_kernels="default")
-    assert kept.cpu_kernels["draft"] == "default"
-    with pytest.raises(TalonError, match="^draft_quantization: got 'int4'"):
-        SpeculativeGenerator(str(folder), str(folder), dtype="float32", device="cpu", draft_quantization="int4")
+    assert make("auto").cpu_kernels["draft"] == "default"
+    with pytest.raises(TalonError, match="^quantize: got 'int3'"):
+        make("int3")
 
 
 def test_auto_budget_calls_continue_the_previous_calls_controller_per_method_drafter_and_mode(llama_pair):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from .config import CPU_KERNELS, DRAFT_QUANTIZATION, TREE_METHODS
+from .config import CPU_KERNELS, QUANTIZE, TREE_METHODS
 from .errors import TalonError
 
 
@@ -26,9 +26,11 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                         help="float32 linears on CPU: packed (oneDNN), default (torch's own) or auto (whichever "
                              "serves one row faster on this CPU, or packed when it is nearly as fast on one row and "
                              "far faster on four; measured at load)")
-    parser.add_argument("--draft-quantization", default="auto", choices=DRAFT_QUANTIZATION,
-                        help="the draft LM's float32 linears on CPU: int8 (dynamic quantization; the output stays the "
-                             "target's), none, or auto (int8 where one int8 row is faster on this CPU; measured at load)")
+    parser.add_argument("--quantize", default="auto", choices=QUANTIZE,
+                        help="CPU linears of target and draft LM: int4 (groups of 32; a GGUF's Q4_K tensors as "
+                             "stored) or int8 weight-only (the output is the quantized target's), none (as loaded), "
+                             "or auto (the target as loaded; the draft LM's float32 linears int8 where one int8 row is "
+                             "faster on this CPU, measured at load)")
 
 
 def add_tree_arguments(parser: argparse.ArgumentParser) -> None:
@@ -80,31 +82,37 @@ def controller_start(args: argparse.Namespace, tree) -> dict:
     elif tree.method == "chain" and isinstance(best.get("depth"), int):
         start["initial_budget"] = best["depth"] + 1
     curve = profile.get("cost_curve", {})
-    if (profile.get("draft_kernels") == "int8") != _expects_int8_draft(args):
-        curve = {}  # its draft curve timed another kind of draft (int8 forwards cost a third of float32's)
+    timed = profile.get("draft_kernels")
+    if (timed in QUANTIZED_KERNELS or _expected_draft_kernels(args) is not None) and timed != _expected_draft_kernels(args):
+        curve = {}  # its curves timed other kinds of linears (int8 draft forwards cost a third of float32's)
     if curve.get("verify") and curve.get("draft"):
         start["cost_prior"] = CostPrior(verify_seconds={int(k): float(v) for k, v in curve["verify"].items()},
                                         draft_seconds={int(k): float(v) for k, v in curve["draft"].items()})
     return start
 
 
-def _expects_int8_draft(args: argparse.Namespace) -> bool:
-    """Whether ``args`` will load the draft LM with int8 linears (``--draft-quantization``; ``auto``: float32 on CPU
-    with a quantized engine, where the measured verdict of :func:`talon_sd.lm.choose_draft_quantization` has been
-    int8 on every CPU seen, by 3-12x); read before loading, to match a tuned profile's draft curve."""
+QUANTIZED_KERNELS = ("int8", "int8-weights", "int4")  # talon_sd.lm.kernels_of for quantized linears
+
+
+def _expected_draft_kernels(args: argparse.Namespace) -> str | None:
+    """The quantized kernels ``args`` will load the draft LM with (:data:`QUANTIZED_KERNELS`), None for float
+    linears: ``--quantize int4`` / ``int8``, or ``auto`` in float32 on CPU with a quantized engine, where the measured
+    verdict of :func:`talon_sd.lm.choose_draft_quantization` has been int8 on every CPU seen, by 3-12x. Read before
+    loading, to match a tuned profile's curves."""
     import torch
 
     from . import models
     from .lm import int8_available
 
-    setting = getattr(args, "draft_quantization", "auto")
+    setting = getattr(args, "quantize", "auto")
     if getattr(args, "drafter", "model") != "model":
-        return False  # no draft LM
+        return None  # no draft LM
     if setting != "auto":
-        return setting == "int8"
+        return {"int4": "int4", "int8": "int8-weights"}.get(setting)
     device = models.resolve_device(args.device)
-    return (device.type == "cpu" and models.resolve_dtype(args.dtype or "auto", device) == torch.float32
-            and int8_available())
+    dynamic = (device.type == "cpu" and models.resolve_dtype(args.dtype or "auto", device) == torch.float32
+               and int8_available())
+    return "int8" if dynamic else None
 
 
 def make_generator(args: argparse.Namespace):
@@ -116,7 +124,7 @@ def make_generator(args: argparse.Namespace):
         args.target, args.draft, tree=tree, drafter=args.drafter, dtype=args.dtype,
         device=args.device, chat_template=not getattr(args, "no_chat_template", False), **controller_start(args, tree),
         cpu_kernels=getattr(args, "cpu_kernels", "auto"),
-        draft_quantization=getattr(args, "draft_quantization", "auto"),
+        quantize=getattr(args, "quantize", "auto"),
     )
 
 

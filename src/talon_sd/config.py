@@ -28,7 +28,7 @@ METHOD_DEFAULTS: dict[str, dict[str, object]] = {
 AUTO = "auto"
 AUTO_METHODS = ("chain", "eagle", "talon")  # the methods whose budget the online controller can set
 CPU_KERNELS = ("auto", "packed", "default")  # float32 CPU linears: measured choice, oneDNN-packed, torch's own
-DRAFT_QUANTIZATION = ("auto", "int8", "none")  # the draft LM's float32 CPU linears: measured choice, int8, as loaded
+QUANTIZE = ("auto", "none", "int8", "int4")  # CPU linears of target and draft LM (talon_sd.quantize); auto: see generator
 _FIELD_USE = {
     "budget": "tree nodes, root counted (talon, static, eagle's total tokens; chain: depth + 1)",
     "topk": "talon's root children K and eagle's top-k per layer",

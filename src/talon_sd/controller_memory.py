@@ -18,7 +18,7 @@ from .errors import TalonWarning
 
 
 def memory_key(generator, target: str | None, draft: str | None) -> dict:
-    """What a memory must match: machine, models (as named; None = the packaged pair), dtype, int8 draft, versions."""
+    """What a memory must match: machine, models (as named; None = the packaged pair), dtype, kernels, versions."""
     import torch
 
     from . import __version__
@@ -26,7 +26,7 @@ def memory_key(generator, target: str | None, draft: str | None) -> dict:
 
     return {**machine_key(generator.target.device), "target": model_name(target, "target"),
             "draft": model_name(draft, "draft"), "dtype": str(generator.target.dtype).replace("torch.", ""),
-            "draft_int8": (getattr(generator, "cpu_kernels", None) or {}).get("draft") == "int8",
+            "kernels": "/".join(map(str, (getattr(generator, "cpu_kernels", None) or {}).values())),  # e.g. int4/int4
             "torch": str(torch.__version__), "talon_sd": str(__version__), "format": "json-1"}
 
 

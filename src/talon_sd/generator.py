@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 import torch
 
 from .builders import make_builder
-from .config import AUTO, AUTO_METHODS, CPU_KERNELS, DRAFT_QUANTIZATION, GenerationConfig, SamplingConfig, TreeConfig
+from .config import AUTO, AUTO_METHODS, CPU_KERNELS, QUANTIZE, GenerationConfig, SamplingConfig, TreeConfig
 from .decoding import Pipeline, StopCondition, decode
 from .drafters import DRAFTERS, Eagle3Drafter, ModelDrafter, NgramDrafter
 from .errors import TalonError, TalonWarning, bad_argument
@@ -96,10 +96,12 @@ class SpeculativeGenerator:
                    serves one row faster on this CPU (or packed when nearly as fast on one row and far faster
                    on four), measured per model at load
                    (:func:`talon_sd.lm.choose_cpu_kernels`); ``self.cpu_kernels`` says what each model runs
-    draft_quantization  the draft LM's float32 CPU linears: ``int8`` (dynamic quantization; the draft only, the
-                   output is the target's either way), ``none`` (as ``cpu_kernels`` makes them), ``auto`` int8
-                   where one int8 row is faster than the float32 path on this CPU
-                   (:func:`talon_sd.lm.choose_draft_quantization`); ``self.cpu_kernels["draft"]`` is then ``int8``
+    quantize       CPU linears of the target and the draft LM: ``int4`` (groups of 32; a GGUF's Q4_K tensors as
+                   stored) or ``int8`` weight-only (:mod:`talon_sd.quantize`; the output is then the quantized
+                   target's), ``none`` (as loaded, ``cpu_kernels`` applies), ``auto``: the target as loaded and
+                   the draft LM's float32 linears dynamically quantized to int8 where one int8 row is faster on
+                   this CPU (:func:`talon_sd.lm.choose_draft_quantization`; the output is the target's either way).
+                   ``self.cpu_kernels`` says what each model runs
     """
 
     def __init__(
@@ -115,7 +117,7 @@ class SpeculativeGenerator:
         initial_budget: int | None = None,
         cost_prior: "CostPrior | None" = None,
         cpu_kernels: str = "auto",
-        draft_quantization: str = "auto",
+        quantize: str = "auto",
         head: str | None = None,
         **tree_options,
     ) -> None:
@@ -126,10 +128,13 @@ class SpeculativeGenerator:
         if cpu_kernels not in CPU_KERNELS:
             raise bad_argument("cpu_kernels", cpu_kernels, "'auto' (measured: packed where it is faster), "
                                "'packed' (oneDNN-packed float32 linears on CPU) or 'default'")
-        if draft_quantization not in DRAFT_QUANTIZATION:
-            raise bad_argument("draft_quantization", draft_quantization, "'auto' (measured: int8 where it is faster), "
-                               "'int8' (the draft LM's float32 CPU linears quantized) or 'none'")
-        loaded_target = models.load_model(target or models.DEFAULT_TARGET, role="target", dtype=dtype, device=device)
+        if quantize not in QUANTIZE:
+            raise bad_argument("quantize", quantize, "'auto' (an int8 draft LM where measured faster), 'none', "
+                               "'int8' or 'int4' (weight-only CPU linears of target and draft LM)")
+        weights = quantize if quantize in ("int4", "int8") else "none"
+        loaded_target = models.load_model(target or models.DEFAULT_TARGET, role="target", dtype=dtype, device=device,
+                                          quantize=weights)
+        target_gguf = models.gguf_of(loaded_target.source)
         apply_cpu_kernels(loaded_target.model, cpu_kernels)
         loaded_draft = None
         if drafter == "eagle3" and tree_config.method != "ar":
@@ -140,13 +145,15 @@ class SpeculativeGenerator:
             head = load_eagle3_head(draft, loaded_target.model)
             self._setup(loaded_target.model, head, loaded_target.tokenizer, tree_config, drafter, chat_template)
             self._controller_start(initial_budget, cost_prior)
+            self.target_gguf = target_gguf
             return
         if drafter == "model" and tree_config.method != "ar":
             loaded_draft = models.load_model(
-                draft or models.DEFAULT_DRAFT, role="draft", dtype=dtype, device=device, with_tokenizer=True
+                draft or models.DEFAULT_DRAFT, role="draft", dtype=dtype, device=device, with_tokenizer=True,
+                quantize=weights,
             )
             models.check_same_vocab(loaded_target, loaded_draft)
-            apply_draft_quantization(loaded_draft.model, draft_quantization, cpu_kernels)
+            apply_draft_quantization(loaded_draft.model, "auto" if quantize == "auto" else "none", cpu_kernels)
         extra_head = None
         if head is not None:  # an EAGLE-3 head beside the draft LM: per-call drafter="eagle3"
             from .eagle3 import load_eagle3_head
@@ -157,6 +164,7 @@ class SpeculativeGenerator:
         if extra_head is not None:
             self.head = extra_head
         self._controller_start(initial_budget, cost_prior)
+        self.target_gguf = target_gguf
 
     @classmethod
     def from_models(
@@ -193,6 +201,7 @@ class SpeculativeGenerator:
 
     def _setup(self, target_model, draft_model, tokenizer, tree_config, drafter, chat_template) -> None:
         self.target_model, self.tokenizer = target_model, tokenizer
+        self.target_gguf: str | None = None  # the GGUF file the target was loaded from, where it was one
         self.tree_config, self.drafter_name, self.chat_template = tree_config, drafter, chat_template
         # Models that do not fit tree verification are refused here, before any generation.
         self.target = CausalLM(target_model, role="target")  # limits and layout; each call makes its own cache

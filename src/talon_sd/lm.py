@@ -433,10 +433,17 @@ def apply_cpu_kernels(model, cpu_kernels: str) -> None:
 
 
 def kernels_of(model) -> str | None:
-    """``"int8"`` when the model has dynamically quantized linears (:func:`quantize_linears_int8`), ``"packed"`` when
-    it has oneDNN-packed ones, ``"default"`` otherwise, None for no model."""
+    """``"int4"`` / ``"int8-weights"`` for weight-only quantized linears (:mod:`talon_sd.quantize`), ``"int8"`` when
+    the model has dynamically quantized linears (:func:`quantize_linears_int8`), ``"packed"`` when it has
+    oneDNN-packed ones, ``"default"`` otherwise, None for no model."""
     if model is None:
         return None
+    from .quantize import Int4Linear, Int8Linear
+
+    if any(isinstance(m, Int4Linear) for m in model.modules()):
+        return "int4"
+    if any(isinstance(m, Int8Linear) for m in model.modules()):
+        return "int8-weights"
     if any(is_int8_linear(m) for m in model.modules()):
         return "int8"
     return "packed" if any(type(m).__name__ == "MkldnnLinear" for m in model.modules()) else "default"

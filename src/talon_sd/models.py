@@ -126,6 +126,7 @@ class LoadedModel:
     tokenizer: PreTrainedTokenizerBase | None  # None when loaded with with_tokenizer=False
     name: str  # as the user gave it
     source: str  # resolved local path the weights were loaded from
+    quantized: dict[str, int] | None = None  # what the linears became with quantize= (talon_sd.quantize), else None
 
 
 class CorruptPartError(TalonError):
@@ -582,11 +583,14 @@ def load_model(
     device: str | torch.device | None = None,
     with_tokenizer: bool = True,
     attn_implementation: str = "sdpa",
+    quantize: str = "none",
 ) -> LoadedModel:
     """Load a causal LM (and its tokenizer) ready for inference; see the module docstring.
 
     ``role`` names the argument in error messages (``"target"`` or ``"draft"``). The first load of
     a built-in model or a .gguf file builds the dequantized cache (about a minute on CPU).
+    ``quantize``: ``"none"``, or ``"int4"`` / ``"int8"`` weight-only linears on CPU (:mod:`talon_sd.quantize`;
+    a GGUF's Q4_K tensors are taken as the file stores them).
     """
     if not isinstance(name_or_path, str) or not name_or_path.strip():
         raise bad_argument(role, name_or_path, "a built-in model name, a local folder, a .gguf file or a hub id")
@@ -597,15 +601,34 @@ def load_model(
     if attn_implementation not in SUPPORTED_ATTENTION:
         raise bad_argument("attn_implementation", attn_implementation, " or ".join(map(repr, SUPPORTED_ATTENTION))
                            + " (tree verification passes a 4-D additive attention mask, which other backends ignore)")
+    if quantize not in ("none", "int4", "int8"):
+        raise bad_argument("quantize", quantize, "'none', 'int4' or 'int8'")
     resolved_device = resolve_device(device)
+    if quantize != "none" and resolved_device.type != "cpu":
+        raise bad_argument("quantize", quantize, f"'none' on {resolved_device} (int4 and int8 weights run on CPU only)")
     resolved_dtype = resolve_dtype(dtype, resolved_device)
     source = _resolve_source(role, name_or_path)
     model = _load_weights(role, source, resolved_dtype, attn_implementation)
     model.to(resolved_device)
     model.eval()
     model.requires_grad_(False)
+    quantized = None
+    if quantize != "none":
+        from .quantize import quantize_linears
+
+        quantized = quantize_linears(model, quantize, gguf_of(source))
     tokenizer = _load_tokenizer(role, source) if with_tokenizer else None
-    return LoadedModel(model=model, tokenizer=tokenizer, name=name_or_path, source=source)
+    return LoadedModel(model=model, tokenizer=tokenizer, name=name_or_path, source=source, quantized=quantized)
+
+
+def gguf_of(source: str | pathlib.Path) -> str | None:
+    """The GGUF file the model folder ``source`` (:attr:`LoadedModel.source`) was dequantized from, where that
+    file is still there; else None."""
+    manifest = _read_manifest(pathlib.Path(source) / _CACHE_MANIFEST) or {}
+    gguf_path = manifest.get("source")
+    if isinstance(gguf_path, str) and gguf_path.lower().endswith(".gguf") and pathlib.Path(gguf_path).is_file():
+        return gguf_path
+    return None
 
 
 def check_same_vocab(target: LoadedModel, draft: LoadedModel) -> None:

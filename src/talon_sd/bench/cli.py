@@ -19,6 +19,7 @@ import sys
 
 from ..errors import TalonError, bad_argument
 from .datasets import DATASETS, load_prompts, parse_dataset_names, split_list
+from .llamacpp import LLAMACPP_METHODS, check_available
 from .methods import AUTO, METHODS, TUNED, TUNED_KEY, Decoding, bench_variants, parse_methods
 from .sweep import SWEEP_METHODS
 
@@ -35,8 +36,9 @@ def register(commands) -> None:
     bench = commands.add_parser("bench", help="compare every method on the benchmark datasets, side by side")
     _add_model_arguments(bench)
     _add_run_arguments(bench, datasets="all", limit=5, max_new_tokens=128, out="bench")
-    bench.add_argument("--methods", default=",".join(METHODS),
-                       help="comma-separated, some of " + ", ".join(METHODS) + " (ar always runs: the baseline)")
+    bench.add_argument("--methods", default=",".join(m for m in METHODS if m not in LLAMACPP_METHODS),
+                       help="comma-separated, some of " + ", ".join(METHODS) + " (ar always runs: the baseline; "
+                            "default: all but the llama.cpp methods, which need llama-cpp-python)")
     bench.add_argument("--head", default=None, help="an EAGLE-3 head folder for the methods named with @eagle3")
     bench.add_argument("--budget", type=_auto_or_tuned, default=None,
                        help="'auto': talon, eagle and chain with the online budget controller (static: tuned); "
@@ -141,10 +143,15 @@ def run_bench_command(args: argparse.Namespace) -> int:
         raise TalonError("methods: hf-assisted needs the draft model (--drafter model)")
     if any(name.endswith("@eagle3") for name in methods) and not args.head and args.drafter != "eagle3":
         raise TalonError("head: methods with @eagle3 need --head DIR (an EAGLE-3 head folder)")
+    external = [name for name in methods if name in LLAMACPP_METHODS]
+    for name in external:
+        check_available(name)
     variants = bench_variants(methods, _method_overrides(args), tuned=_tuned_lookup(args))
     checkpoint = _open_checkpoint(args, "bench", prompts, variants, decoding)
     _check_load(args)
     generator = _load_generator(args)
+    for name in external:
+        check_available(name, generator)
     return _run_and_write(args, generator, prompts, variants, decoding, checkpoint, kind="bench")
 
 
@@ -245,7 +252,7 @@ def _load_generator(args: argparse.Namespace):
     start.pop("initial_budget", None)  # each variant's own start: its method default
     return SpeculativeGenerator(args.target, args.draft, tree="talon", drafter=args.drafter, dtype=args.dtype,
                                 device=args.device, chat_template=not args.no_chat_template,
-                                cpu_kernels=args.cpu_kernels, draft_quantization=getattr(args, "draft_quantization", "auto"),
+                                cpu_kernels=args.cpu_kernels, quantize=getattr(args, "quantize", "auto"),
                                 head=getattr(args, "head", None), **start)
 
 
@@ -314,8 +321,7 @@ def run_fingerprint(args: argparse.Namespace, kind: str, prompts, variants, deco
         "kind": kind, "target": str(args.target), "draft": str(args.draft), "drafter": args.drafter,
         "dtype": args.dtype, "device": args.device, "decoding": dataclasses.asdict(decoding),
         # absent at the default: older checkpoints still resume
-        **({"draft_quantization": args.draft_quantization}
-           if getattr(args, "draft_quantization", "auto") != "auto" else {}),
+        **({"quantize": args.quantize} if getattr(args, "quantize", "auto") != "auto" else {}),
         "variants": [v.describe() for v in variants],
         "prompts": hashlib.sha256(prompt_text.encode("utf-8")).hexdigest(),
         # absent at 1: older checkpoints still resume; "repeated": ar runs every round too (a checkpoint of the runs

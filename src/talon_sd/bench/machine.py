@@ -108,13 +108,16 @@ def model_settings(generator) -> dict:
 
 
 def _weights(model) -> int:
-    """Parameters, plus the weights oneDNN-packed linears keep as buffers and int8 linears keep packed; an int8 output
+    """Parameters, plus the weights oneDNN-packed linears keep as buffers and quantized linears keep packed; an int8 output
     head tied to the input embedding is its int8 copy, not parameters of its own, and is not counted again."""
     from ..lm import is_int8_linear
+    from ..quantize import Int4Linear, Int8Linear
 
     tied = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
     head = model.get_output_embeddings() if tied and hasattr(model, "get_output_embeddings") else None
     quantized = sum(m.weight().numel() + (m.bias().numel() if m.bias() is not None else 0)
                     for m in model.modules() if is_int8_linear(m) and m is not head)
+    quantized += sum(m.in_features * m.out_features + (m.bias.numel() if m.bias is not None else 0)
+                     for m in model.modules() if isinstance(m, (Int4Linear, Int8Linear)) and m is not head)
     return sum(p.numel() for p in model.parameters()) + quantized + sum(
         b.numel() for name, b in model.named_buffers() if name.endswith("weight") and b.is_mkldnn)

@@ -7,6 +7,8 @@ Methods, registered by name in :data:`RUNNERS`:
 * ``hf-assisted``  ``transformers`` assisted generation, ``assistant_model=`` the same draft model
                    (its own defaults: see :func:`assistant_settings`)
 * ``chain``, ``static``, ``eagle``, ``talon``  our loop with that tree builder (:class:`TreeConfig`)
+* ``llamacpp``, ``llamacpp-lookup``  llama.cpp on the target's GGUF file, plain and with prompt lookup
+                   (:mod:`talon_sd.bench.llamacpp`; needs llama-cpp-python)
 
 A :class:`Variant` is one method with one configuration and a unique ``label`` (the results key):
 ``talon`` in a benchmark, ``talon(N=32,K=4,mu=0.03)`` in a sweep. A tree method may name its drafter
@@ -29,9 +31,12 @@ import torch
 from ..config import TreeConfig
 from ..errors import bad_argument
 from ..stats import DecodeStats
+from . import llamacpp
+from .llamacpp import LLAMACPP_METHODS
 
-METHODS = ("ar", "hf", "hf-assisted", "chain", "static", "eagle", "talon")
+METHODS = ("ar", "hf", "hf-assisted", "chain", "static", "eagle", "talon", *LLAMACPP_METHODS)
 HF_METHODS = ("hf", "hf-assisted")
+TREELESS_METHODS = (*HF_METHODS, *LLAMACPP_METHODS)  # run outside our loop: no tree, no drafter, no stats
 
 
 @dataclass(frozen=True)
@@ -49,7 +54,7 @@ class Decoding:
 
 @dataclass(frozen=True)
 class Variant:
-    """One method in one configuration; ``tree`` is None for the ``hf`` methods."""
+    """One method in one configuration; ``tree`` is None for the :data:`TREELESS_METHODS`."""
 
     label: str
     method: str
@@ -70,7 +75,7 @@ class Outcome:
 
     token_ids: list[int]
     seconds: float  # wall clock around the call, prefill included
-    stats: DecodeStats | None  # our loop's per-call stats; None for the hf methods
+    stats: DecodeStats | None  # our loop's per-call stats; None for the TREELESS_METHODS
 
 
 def parse_methods(text: str | Sequence[str] | None, allowed: Sequence[str] = METHODS) -> list[str]:
@@ -85,7 +90,7 @@ def parse_methods(text: str | Sequence[str] | None, allowed: Sequence[str] = MET
         raise bad_argument("methods", text, expected)
     for name in names:
         method, _, drafter = name.partition("@")
-        if method not in allowed or (drafter and (method in HF_METHODS or method == "ar" or drafter not in DRAFTERS)):
+        if method not in allowed or (drafter and (method in TREELESS_METHODS or method == "ar" or drafter not in DRAFTERS)):
             raise bad_argument("methods", name, expected)
     return list(dict.fromkeys(names))
 
@@ -138,9 +143,14 @@ def _run_hf_assisted(generator, variant: Variant, prompt_ids: torch.Tensor, deco
     return _run_hf(generator, variant, prompt_ids, decoding, seed, assistant=generator.draft_model)
 
 
+def _run_llamacpp(generator, variant: Variant, prompt_ids: torch.Tensor, decoding: Decoding, seed: int) -> Outcome:
+    return Outcome(*llamacpp.generate(generator, variant.method, prompt_ids, decoding, seed), None)
+
+
 RUNNERS: dict[str, Callable[..., Outcome]] = {
     "ar": _run_tree, "chain": _run_tree, "static": _run_tree, "eagle": _run_tree, "talon": _run_tree,
-    "hf": _run_hf, "hf-assisted": _run_hf_assisted,
+    "hf": _run_hf, "hf-assisted": _run_hf_assisted, "llamacpp": _run_llamacpp,
+    "llamacpp-lookup": _run_llamacpp,
 }
 
 
@@ -219,7 +229,7 @@ def bench_variants(methods: Sequence[str], overrides: dict[str, dict] | None = N
             options = {**tuned(method), **explicit}
         if method == "chain" and options.get("depth") == AUTO:
             options = {**options, "depth": None, "budget": AUTO}
-        if method in HF_METHODS:
+        if method in TREELESS_METHODS:
             variants.append(Variant(label=name, method=method))
         else:
             variants.append(Variant(label=name, method=method, tree=TreeConfig(method=method, **options),

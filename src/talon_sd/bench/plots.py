@@ -23,7 +23,8 @@ from .results import ALL
 
 DPI = 90
 TREE_METHODS = ("chain", "static", "eagle", "talon")
-MARKERS = {"ar": "o", "hf": "x", "hf-assisted": "+", "chain": "^", "static": "s", "eagle": "D", "talon": "*"}
+MARKERS = {"ar": "o", "hf": "x", "hf-assisted": "+", "chain": "^", "static": "s", "eagle": "D", "talon": "*",
+           "llamacpp": "v", "llamacpp-lookup": "<"}
 
 
 def _pyplot():
