@@ -83,7 +83,7 @@ def controller_start(args: argparse.Namespace, tree) -> dict:
         start["initial_budget"] = best["depth"] + 1
     curve = profile.get("cost_curve", {})
     timed = profile.get("draft_kernels")
-    if (timed in QUANTIZED_KERNELS or _expected_draft_kernels(args) is not None) and timed != _expected_draft_kernels(args):
+    if (timed if timed in QUANTIZED_KERNELS else None) != _expected_draft_kernels(args):
         curve = {}  # its curves timed other kinds of linears (int8 draft forwards cost a third of float32's)
     if curve.get("verify") and curve.get("draft"):
         start["cost_prior"] = CostPrior(verify_seconds={int(k): float(v) for k, v in curve["verify"].items()},

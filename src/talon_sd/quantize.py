@@ -100,48 +100,57 @@ def int8_from_float(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
-class Int4Linear(torch.nn.Module):
-    """``y = x @ w.T + bias`` with ``w`` an :class:`Int4Weight`, on CPU, bfloat16 arithmetic."""
+class _WeightOnlyLinear(torch.nn.Module):
+    """``y = x @ w.T + bias`` on CPU in bfloat16 arithmetic; a subclass holds ``w`` and multiplies rows by it."""
+
+    kind = ""  # what extra_repr says of the weight
+
+    def __init__(self, out_features: int, in_features: int, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = out_features, in_features
+        self.register_buffer("bias", None if bias is None else bias.detach().to(torch.bfloat16).clone())
+
+    def _rows_times_weight(self, rows: torch.Tensor) -> torch.Tensor:  # [rows, in] bfloat16 -> [rows, out]
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
+        y = self._rows_times_weight(x.reshape(-1, self.in_features).to(torch.bfloat16))  # [rows, out]
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, {self.kind}"
+
+
+class Int4Linear(_WeightOnlyLinear):
+    """``y = x @ w.T + bias`` with ``w`` an :class:`Int4Weight`."""
+
+    kind = f"int4 group {GROUP_SIZE}"
 
     def __init__(self, weight: Int4Weight, bias: torch.Tensor | None) -> None:
-        super().__init__()
-        self.out_features, self.in_features = weight.q.shape
+        super().__init__(*weight.q.shape, bias)
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(weight.q.to(torch.int32).contiguous(), 1)
         self.register_buffer("packed", packed)
         scales_and_zeros = torch.stack([weight.scale.t(), weight.zero.t()], dim=-1)  # [in / 32, out, 2]
         self.register_buffer("scales_and_zeros", scales_and_zeros.to(torch.bfloat16).contiguous())
-        self.register_buffer("bias", None if bias is None else bias.detach().to(torch.bfloat16).clone())
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
-        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)  # [rows, in]
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP_SIZE, self.scales_and_zeros)
-        if self.bias is not None:
-            y = y + self.bias
-        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int4 group {GROUP_SIZE}"
+    def _rows_times_weight(self, rows: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP_SIZE, self.scales_and_zeros)
 
 
-class Int8Linear(torch.nn.Module):
-    """``y = x @ (q * scale).T + bias`` with int8 ``q`` per output channel, on CPU, bfloat16 arithmetic."""
+class Int8Linear(_WeightOnlyLinear):
+    """``y = x @ (q * scale).T + bias`` with int8 ``q`` per output channel."""
+
+    kind = "int8 per channel"
 
     def __init__(self, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> None:
-        super().__init__()
-        self.out_features, self.in_features = q.shape
+        super().__init__(*q.shape, bias)
         self.register_buffer("q", q.contiguous())  # [out, in] int8
         self.register_buffer("scale", scale.to(torch.bfloat16))  # [out]
-        self.register_buffer("bias", None if bias is None else bias.detach().to(torch.bfloat16).clone())
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
-        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)  # [rows, in]
-        y = torch.ops.aten._weight_int8pack_mm(rows, self.q, self.scale)
-        if self.bias is not None:
-            y = y + self.bias
-        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8 per channel"
+    def _rows_times_weight(self, rows: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int8pack_mm(rows, self.q, self.scale)
 
 
 def gguf_tensors(gguf_path: str, model) -> dict[str, tuple[str, np.ndarray]]:
