@@ -18,8 +18,9 @@ Under ``int4``, tensors a GGUF keeps at 6 or 8 bits (:data:`HIGH_PRECISION`; lla
 the value and down projections and the output head there for quality) go to int8, as any model's output head
 does; the token embedding is a lookup and stays as loaded.
 
-The result of a row may depend on how many rows share the matmul (the kernels block rows), as with bfloat16:
-speculation is exact against the quantized target up to near-ties between its top two logits.
+A row's result through these linears does not depend on how many rows share the matmul (measured to 17 rows; tested);
+the rest of the model runs in bfloat16, whose results may, so speculation is exact against the quantized target up
+to near-ties between its top two logits, as in bfloat16.
 """
 
 from __future__ import annotations
