@@ -290,3 +290,21 @@ def test_the_head_reports_its_catch_up_to_the_controller(target, head):
                     controller=controller)
     assert tokens == plain_greedy(target, prompt, 40)
     assert controller.asked == expected_catch_up(controller.budgets, controller.committed, len(prompt))
+
+
+def test_batched_requests_with_a_random_head_equal_plain_greedy(target, head):
+    """The head reads each request's own rows of the batched forward's hidden states."""
+    from talon_sd.batch import decode_batch
+    from talon_sd.builders import make_builder
+    from talon_sd.decoding import Pipeline, StopCondition
+    from talon_sd.stats import DecodeStats
+
+    prompts, lengths = ([5, 17, 33, 8, 5, 17], [40], [9, 3, 9, 3, 9, 3, 9, 3, 9, 3]), (30, 12, 21)
+    parts = [(Pipeline(CausalLM(target), Eagle3Drafter(head), make_builder(TreeConfig("talon", budget=12, topk=3)),
+                       SamplingConfig()), torch.tensor(p), StopCondition(max_new_tokens=n), DecodeStats())
+             for p, n in zip(prompts, lengths)]
+    outputs = [[] for _ in prompts]
+    for index, token in decode_batch(CausalLM(target), parts):
+        outputs[index].append(token)
+    assert outputs == [plain_greedy(target, p, n) for p, n in zip(prompts, lengths)]
+    assert all(stats.draft_forwards > 0 for *_, stats in parts)

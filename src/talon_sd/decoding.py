@@ -87,54 +87,89 @@ def decode(pipeline: Pipeline, prompt_ids: torch.Tensor, stop: StopCondition, st
     (even inside an accepted path). ``stats`` is complete once the generator is exhausted or closed.
     Sampling draws each position's token with noise keyed by (seed, position) (:mod:`talon_sd.verify`);
     without a seed a fresh one is drawn and reported in ``stats.seed``."""
-    target, drafter, builder, sampling = pipeline.target, pipeline.drafter, pipeline.builder, pipeline.sampling
-    if not sampling.greedy:
-        stats.seed = sampling.seed if sampling.seed is not None else int.from_bytes(os.urandom(7), "little")
-    noise = None if sampling.greedy else PositionNoise(stats.seed)
-    clock = _DraftClock(drafter)
-    stats.prompt_tokens = int(prompt_ids.numel())
-    stats.started = started = time.perf_counter()
-    capture = drafter.feature_layers if drafter is not None else ()  # target states the drafter reads
-    features = target.prefill(prompt_ids[:-1], capture)  # the cache holds the prompt but its last token
-    if drafter is not None:
-        drafter.start(prompt_ids, features)
-    stats.seconds_prefill += time.perf_counter() - started
-    root = int(prompt_ids[-1])
+    request = Request(pipeline, stop, stats)
+    capture = request.capture
     try:
+        request.start(prompt_ids)
         while True:
-            # 1-2. plan the budget, draft and build the tree (the builder calls the drafter once per layer)
-            step_started = time.perf_counter()
-            context = target.cache.length  # the root's position: tokens the tree attends to beside itself
-            plan = _plan(pipeline.controller, drafter, stop)
-            if drafter is not None:
-                drafter.begin_step(root)
-            tree = builder.build(root, clock.expand, target.device, plan)
-            forwards = clock.take()
-            # 3. verify: one target forward over the whole tree, then the acceptance rule
-            started = time.perf_counter()
-            logits, features = _verify_forward(target, tree, capture)
-            acceptance = accept(tree, logits, sampling, noise, context)
+            tree = request.draft()  # 1-2. plan the budget, draft and build the tree
+            started = time.perf_counter()  # 3. verify: one target forward over the whole tree, then the rule
+            logits, features = _verify_forward(pipeline.target, tree, capture)
+            acceptance = request.accept(tree, logits)
             verify_seconds = time.perf_counter() - started
-            # 4. commit: keep the root and the accepted path in both caches (one gather each)
-            target.commit_tree(tree.size, acceptance.path)
-            if drafter is not None:
-                drafter.accept(tree, acceptance, None if features is None else features[acceptance.path])
-            # 5. stats, and what the controller learns from this step
-            other_seconds = time.perf_counter() - step_started - forwards.seconds - verify_seconds
-            stats.observe(tree, acceptance, forwards.count, plan.budget if plan else tree.size,
-                          plan.reason if plan else "")
-            stats.add_seconds(forwards.seconds, verify_seconds, other_seconds)
-            if pipeline.controller is not None:
-                pipeline.controller.observe(step_record(builder, tree, acceptance, forwards, plan, verify_seconds,
-                                                        other_seconds, target_confidence(logits, acceptance)))
-            # 6. emit, stopping inside the path if needed
-            for token in acceptance.new_tokens:
+            pipeline.target.commit_tree(tree.size, acceptance.path)  # 4. commit: keep the root and the path
+            request.commit(tree, logits, features, acceptance, verify_seconds)  # 5. drafter, stats, controller
+            for token in acceptance.new_tokens:  # 6. emit, stopping inside the path if needed
                 yield token
                 if stop.done(token):
                     return
-            root = acceptance.bonus_token
     finally:
         stats.finish(len(stop.tokens))
+
+
+class Request:
+    """One request's decoding state between verify steps: everything of a step but the target's forward and
+    cache commit, which :func:`decode` runs for one request and :mod:`talon_sd.batch` for several at once.
+
+    Invariant at the top of each step: the target's cache holds every committed token except the last one,
+    :attr:`root`, which is node 0 of the next tree; :attr:`context` is its position."""
+
+    def __init__(self, pipeline: Pipeline, stop: StopCondition, stats: DecodeStats) -> None:
+        self.pipeline, self.stop, self.stats = pipeline, stop, stats
+        sampling = pipeline.sampling
+        if not sampling.greedy:
+            stats.seed = sampling.seed if sampling.seed is not None else int.from_bytes(os.urandom(7), "little")
+        self.noise = None if sampling.greedy else PositionNoise(stats.seed)
+        self.clock = _DraftClock(pipeline.drafter)
+        self.capture = pipeline.drafter.feature_layers if pipeline.drafter is not None else ()  # target states read
+        self.root, self.context = -1, 0
+        self.plan: StepPlan | None = None
+        self.forwards = Forwards()
+        self.other_seconds = 0.0  # this step's seconds outside draft forwards and verification
+
+    def start(self, prompt_ids: torch.Tensor) -> None:
+        """Prefill the target's cache with the prompt but its last token (the first root); start the drafter."""
+        target, drafter = self.pipeline.target, self.pipeline.drafter
+        self.stats.prompt_tokens = int(prompt_ids.numel())
+        self.stats.started = started = time.perf_counter()
+        features = target.prefill(prompt_ids[:-1], self.capture)
+        if drafter is not None:
+            drafter.start(prompt_ids, features)
+        self.stats.seconds_prefill += time.perf_counter() - started
+        self.root, self.context = int(prompt_ids[-1]), int(prompt_ids.numel()) - 1
+
+    def draft(self) -> DraftTree:
+        """Plan this step's budget, draft and build the tree from :attr:`root`."""
+        started = time.perf_counter()
+        pipeline = self.pipeline
+        self.plan = _plan(pipeline.controller, pipeline.drafter, self.stop)
+        if pipeline.drafter is not None:
+            pipeline.drafter.begin_step(self.root)
+        tree = pipeline.builder.build(self.root, self.clock.expand, pipeline.target.device, self.plan)
+        self.forwards = self.clock.take()
+        self.other_seconds = time.perf_counter() - started - self.forwards.seconds
+        return tree
+
+    def accept(self, tree: DraftTree, logits: torch.Tensor) -> Acceptance:
+        """The verdict on ``tree`` given the target's ``logits`` [N, V] over it."""
+        return accept(tree, logits, self.pipeline.sampling, self.noise, self.context)
+
+    def commit(self, tree: DraftTree, logits: torch.Tensor, features: torch.Tensor | None, acceptance: Acceptance,
+               verify_seconds: float) -> None:
+        """After the target's cache kept the path: the drafter's commit, the stats, what the controller learns;
+        the next root. ``features`` [N, H'] of the tree's nodes when the drafter reads target states."""
+        started = time.perf_counter()
+        pipeline, plan, forwards = self.pipeline, self.plan, self.forwards
+        if pipeline.drafter is not None:
+            pipeline.drafter.accept(tree, acceptance, None if features is None else features[acceptance.path])
+        self.stats.observe(tree, acceptance, forwards.count, plan.budget if plan else tree.size,
+                           plan.reason if plan else "")
+        other_seconds = self.other_seconds + time.perf_counter() - started
+        self.stats.add_seconds(forwards.seconds, verify_seconds, other_seconds)
+        if pipeline.controller is not None:
+            pipeline.controller.observe(step_record(pipeline.builder, tree, acceptance, forwards, plan, verify_seconds,
+                                                    other_seconds, target_confidence(logits, acceptance)))
+        self.root, self.context = acceptance.bonus_token, self.context + len(acceptance.path)
 
 
 def _verify_forward(target: CausalLM, tree: DraftTree, capture: tuple[int, ...]):

@@ -241,6 +241,34 @@ class SpeculativeGenerator:
             pass
         return stream.result
 
+    def generate_batch(self, prompts: Sequence[Prompt | Sequence[int]], **options) -> list[GenerationResult]:
+        """Generate a completion for each prompt, together: every step one target forward verifies all the requests'
+        trees (:mod:`talon_sd.batch`), each request with its own drafter, budget and sampling. A prompt is what
+        :meth:`generate` takes, or a list of token ids. Options as for :meth:`generate`; a list (``stop`` excepted)
+        gives one value per prompt, e.g. ``max_new_tokens=[64, 16]`` or ``seed=[1, 2]``. Each result is the one
+        :meth:`generate` gives for its prompt alone (up to floating-point near-ties, as for trees)."""
+        from .batch import decode_batch
+
+        if not isinstance(prompts, (list, tuple)) or not prompts:
+            raise bad_argument("prompts", prompts, "a non-empty list of prompts")
+        for key, value in options.items():
+            if isinstance(value, list) and key != "stop" and len(value) != len(prompts):
+                raise bad_argument(key, value, f"one value, or a list of {len(prompts)} (one per prompt)")
+        requests = []
+        for i, prompt in enumerate(prompts):
+            mine = {k: v[i] if isinstance(v, list) and k != "stop" else v for k, v in options.items()}
+            if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(t, int) for t in prompt):
+                prompt, mine["input_ids"] = None, prompt
+            requests.append(self._request(prompt, mine))  # every request checked before any decoding
+        token_ids: list[list[int]] = [[] for _ in requests]
+        for index, token in decode_batch(CausalLM(self.target_model, role="target"), [r[:4] for r in requests]):
+            token_ids[index].append(token)
+        for pipeline, _, _, _, key in requests:
+            if pipeline.controller is not None and pipeline.controller.verify.samples:
+                with self._lock:
+                    self._learned[key] = pipeline.controller
+        return [self._result(ids, stats, stop) for ids, (_, _, stop, stats, _) in zip(token_ids, requests)]
+
     def stream(self, prompt: Prompt = None, **options) -> TextStream:
         """Like :meth:`generate`, but returns a :class:`TextStream` of text chunks as tokens are committed.
 
@@ -261,6 +289,12 @@ class SpeculativeGenerator:
 
     # ------------------------------------------------------------------ internals
     def _tokens(self, prompt: Prompt, options: dict):
+        pipeline, prompt_ids, stop, stats, key = self._request(prompt, options)
+        tokens = decode(pipeline, prompt_ids, stop, stats)
+        return self._remember_controller(tokens, pipeline.controller, key), stats, stop
+
+    def _request(self, prompt: Prompt, options: dict):
+        """(pipeline, prompt ids, stop condition, stats, controller key) of one call, every argument checked."""
         options = dict(options)
         input_ids = options.pop("input_ids", None)
         tree = options.pop("tree", None)
@@ -284,8 +318,7 @@ class SpeculativeGenerator:
         controller = self._controller(tree_config, sampling, drafter_name)
         stats = DecodeStats(method=tree_config.label)
         pipeline = Pipeline(target, drafter, make_builder(tree_config), sampling, controller)
-        key = (tree_config.method, drafter_name, not sampling.greedy)
-        return self._remember_controller(decode(pipeline, prompt_ids, stop, stats), controller, key), stats, stop
+        return pipeline, prompt_ids, stop, stats, (tree_config.method, drafter_name, not sampling.greedy)
 
     def _stop_condition(self, prompt_ids: torch.Tensor, tree_config: TreeConfig, generation: GenerationConfig):
         """Checks the prompt against the target's and the draft's contexts; lowers max_new_tokens (with a
@@ -391,12 +424,15 @@ class SpeculativeGenerator:
                     emitted = cut[:safe]
         finally:
             tokens.close()
-        text = _cut_at_stop(self._decode(token_ids), stop.stop_strings)
-        if len(text) > len(emitted) and text.startswith(emitted):
-            yield text[len(emitted):]
-        stream.result = GenerationResult(text=text, token_ids=token_ids, stats=stats,
-                                         finish_reason=stop.finish_reason or "length",
-                                         stop_reason=stop.reason or "max_new_tokens", stop_string=stop.stop_string)
+        result = self._result(token_ids, stats, stop)
+        if len(result.text) > len(emitted) and result.text.startswith(emitted):
+            yield result.text[len(emitted):]
+        stream.result = result
+
+    def _result(self, token_ids: list[int], stats: DecodeStats, stop: StopCondition) -> GenerationResult:
+        return GenerationResult(text=_cut_at_stop(self._decode(token_ids), stop.stop_strings), token_ids=token_ids,
+                                stats=stats, finish_reason=stop.finish_reason or "length",
+                                stop_reason=stop.reason or "max_new_tokens", stop_string=stop.stop_string)
 
     def _decode(self, token_ids: list[int]) -> str:
         if self.tokenizer is None:

@@ -1,0 +1,161 @@
+"""Batched verification: every request's output in a batch equals its output alone (greedy and seeded sampling),
+with requests of different lengths joining and leaving mid-generation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import VOCAB, plain_greedy, tiny_model
+from helpers import CyclingController, make_drafter, run
+from talon_sd.batch import BatchDecoder, decode_batch
+from talon_sd.builders import make_builder
+from talon_sd.config import SamplingConfig, TreeConfig
+from talon_sd.decoding import Pipeline, StopCondition
+from talon_sd.errors import TalonError
+from talon_sd.lm import CausalLM
+from talon_sd.stats import DecodeStats
+
+PROMPTS = [[5, 17, 33, 8, 5, 17], [3, 9, 27, 81, 50, 60, 3, 9, 11, 4, 70, 12], [40], [7, 7, 7]]
+LENGTHS = [40, 13, 27, 1]  # max_new_tokens: requests leave the batch at different steps
+TREES = [
+    TreeConfig("ar"),
+    TreeConfig("chain", depth=4),
+    TreeConfig("static", budget=12),
+    TreeConfig("eagle", budget=16, topk=3, depth=4),
+    TreeConfig("talon", budget=24, topk=4, mu=0.03),
+    TreeConfig("talon", budget="auto", topk=4),
+]
+
+
+def request_parts(target, drafter_kind, draft, tree, prompt, max_new_tokens, sampling=None, eos=()):
+    controller = CyclingController() if tree.auto else None
+    drafter = None if tree.method == "ar" else make_drafter(drafter_kind, draft, VOCAB)
+    pipeline = Pipeline(CausalLM(target), drafter, make_builder(tree), sampling or SamplingConfig(), controller)
+    stop = StopCondition(max_new_tokens=max_new_tokens, eos_token_ids=frozenset(eos))
+    return pipeline, torch.tensor(prompt), stop, DecodeStats(method=tree.label)
+
+
+def batched(target, parts):
+    outputs = [[] for _ in parts]
+    for index, token in decode_batch(CausalLM(target), parts):
+        outputs[index].append(token)
+    return outputs
+
+
+@pytest.mark.parametrize("pair_name", ["llama_pair", "qwen_pair"])
+@pytest.mark.parametrize("drafter_kind", ["model", "ngram"])
+@pytest.mark.parametrize("tree", TREES, ids=lambda t: t.label)
+def test_batched_greedy_equals_each_request_alone(request, pair_name, drafter_kind, tree):
+    target, draft = request.getfixturevalue(pair_name)
+    parts = [request_parts(target, drafter_kind, draft, tree, p, n) for p, n in zip(PROMPTS, LENGTHS)]
+    outputs = batched(target, parts)
+    for prompt, length, output, (_, _, stop, stats) in zip(PROMPTS, LENGTHS, outputs, parts):
+        assert output == plain_greedy(target, prompt, length), (tree.label, prompt)
+        assert stats.new_tokens == length and stop.reason == "max_new_tokens"
+        assert stats.target_forwards >= 1 and stats.committed >= length
+
+
+def test_mixed_methods_in_one_batch_and_eos(llama_pair):
+    target, draft = llama_pair
+    expected = plain_greedy(target, PROMPTS[0], 60)
+    eos = expected[9]  # the first request stops at its first occurrence, the others run on
+    trees = [TreeConfig("ar"), TreeConfig("talon", budget=16, topk=4), TreeConfig("chain", depth=3),
+             TreeConfig("talon", budget="auto", topk=4)]
+    parts = [request_parts(target, "model", draft, tree, PROMPTS[i % len(PROMPTS)], 30, eos=(eos,) if i == 0 else ())
+             for i, tree in enumerate(trees)]
+    outputs = batched(target, parts)
+    assert outputs[0] == plain_greedy(target, PROMPTS[0], 30, eos=eos) and outputs[0][-1] == eos
+    assert parts[0][2].reason == "eos"
+    for i in range(1, 4):
+        assert outputs[i] == plain_greedy(target, PROMPTS[i % len(PROMPTS)], 30)
+
+
+def test_requests_join_mid_generation(qwen_pair):
+    target, draft = qwen_pair
+    tree = TreeConfig("talon", budget=12, topk=3)
+    decoder = BatchDecoder(CausalLM(target))
+    outputs: dict[int, list[int]] = {}
+    parts = [request_parts(target, "model", draft, tree, p, n) for p, n in zip(PROMPTS, (30, 20, 25, 9))]
+    ids = {id(decoder.add(*parts[0])): 0}
+    steps = 0
+    while decoder.requests or len(ids) < len(parts):
+        if steps in (2, 3, 7) and len(ids) < len(parts):  # a newcomer joins between steps
+            ids[id(decoder.add(*parts[len(ids)]))] = len(ids)
+        for req, tokens in decoder.step():
+            outputs.setdefault(ids[id(req)], []).extend(tokens)
+        steps += 1
+    for i, (prompt, length) in enumerate(zip(PROMPTS, (30, 20, 25, 9))):
+        assert outputs[i] == plain_greedy(target, prompt, length), i
+
+
+@pytest.mark.parametrize("tree", [TreeConfig("ar"), TreeConfig("talon", budget=16, topk=4)], ids=lambda t: t.label)
+def test_batched_sampling_equals_each_request_alone(llama_pair, tree):
+    """Seeded sampling keys each position's draw by (seed, position): a batch gives each request its own text."""
+    target, draft = llama_pair
+    samplings = [SamplingConfig(do_sample=True, temperature=1.0, seed=seed) for seed in (3, 4, 3, 9)]
+    parts = [request_parts(target, "model", draft, tree, p, 20, sampling=s) for p, s in zip(PROMPTS, samplings)]
+    outputs = batched(target, parts)
+    for prompt, sampling, output in zip(PROMPTS, samplings, outputs):
+        alone, _ = run(target, make_drafter("model", draft, VOCAB), TreeConfig("ar"), prompt, 20, sampling=sampling)
+        assert output == alone
+
+
+def test_remove_leaves_the_others_intact(llama_pair):
+    target, draft = llama_pair
+    tree = TreeConfig("talon", budget=8, topk=2)
+    decoder = BatchDecoder(CausalLM(target))
+    parts = [request_parts(target, "model", draft, tree, p, 24) for p in PROMPTS[:3]]
+    requests = [decoder.add(*part) for part in parts]
+    outputs = {id(r): [] for r in requests}
+    for req, tokens in decoder.step():
+        outputs[id(req)].extend(tokens)
+    decoder.remove(requests[1])  # the client went away
+    assert parts[1][3].seconds_total > 0
+    while decoder.requests:
+        for req, tokens in decoder.step():
+            outputs[id(req)].extend(tokens)
+    for i in (0, 2):
+        assert outputs[id(requests[i])] == plain_greedy(target, PROMPTS[i], 24)
+
+
+def test_batch_refuses_another_target(llama_pair, qwen_pair):
+    decoder = BatchDecoder(CausalLM(llama_pair[0]))
+    with pytest.raises(TalonError, match="pipeline"):
+        decoder.add(*request_parts(qwen_pair[0], "model", qwen_pair[1], TreeConfig("ar"), [5, 6], 4))
+    assert decoder.requests == [] and decoder.cache.lengths == []
+
+
+def test_batch_refuses_sliding_window_layers():
+    model = tiny_model("qwen2", seed=2)
+    model.config.layer_types = ["sliding_attention", "full_attention"]
+    model.config.sliding_window = 8
+    model.config.use_sliding_window = True
+    with pytest.raises(TalonError, match="sliding"):
+        BatchDecoder(CausalLM(model))
+
+
+def test_generate_batch_equals_generate(llama_pair):
+    from talon_sd import SpeculativeGenerator
+
+    target, draft = llama_pair
+    generator = SpeculativeGenerator.from_models(target, draft, tree="talon", budget="auto")
+    options = dict(max_new_tokens=[24, 9, 16], do_sample=[False, True, True], seed=[0, 5, 6], temperature=0.8)
+    results = generator.generate_batch(PROMPTS[:3], **options)
+    for i, (prompt, result) in enumerate(zip(PROMPTS[:3], results)):
+        alone = generator.generate(input_ids=prompt, **{k: v[i] if isinstance(v, list) else v for k, v in options.items()})
+        assert result.token_ids == alone.token_ids and result.finish_reason == alone.finish_reason == "length"
+        assert result.stats.new_tokens == len(result.token_ids) == options["max_new_tokens"][i]
+    assert generator.learned_budget  # the batch's controllers are carried to later calls
+
+
+def test_generate_batch_checks_every_request_first(llama_pair):
+    from talon_sd import SpeculativeGenerator
+
+    generator = SpeculativeGenerator.from_models(*llama_pair, tree="talon", budget=8)
+    with pytest.raises(TalonError, match="max_new_tokens"):
+        generator.generate_batch([[5, 6], [7, 8]], max_new_tokens=[4, 5, 6])
+    with pytest.raises(TalonError, match="temperature"):
+        generator.generate_batch([[5, 6], [7, 8]], do_sample=True, temperature=[1.0, -1.0])
+    with pytest.raises(TalonError, match="prompts"):
+        generator.generate_batch([])
