@@ -159,3 +159,20 @@ def test_generate_batch_checks_every_request_first(llama_pair):
         generator.generate_batch([[5, 6], [7, 8]], do_sample=True, temperature=[1.0, -1.0])
     with pytest.raises(TalonError, match="prompts"):
         generator.generate_batch([])
+
+
+def test_draft_lm_forwards_are_shared_by_the_batch(llama_pair):
+    """The draft LM forwards every request's frontier of a tree layer at once: fewer model calls than forwards."""
+    target, draft = llama_pair
+    calls = []
+    hook = draft.register_forward_hook(lambda module, args, output: calls.append(1))
+    try:
+        tree = TreeConfig("talon", budget=16, topk=4)
+        parts = [request_parts(target, "model", draft, tree, p, n) for p, n in zip(PROMPTS, LENGTHS)]
+        outputs = batched(target, parts)
+    finally:
+        hook.remove()
+    assert outputs == [plain_greedy(target, p, n) for p, n in zip(PROMPTS, LENGTHS)]
+    forwards = sum(stats.draft_forwards for *_, stats in parts)
+    assert 0 < len(calls) < forwards
+    assert all(isinstance(pipeline.drafter.lm, CausalLM) for pipeline, *_ in parts)  # given back on leaving

@@ -4,11 +4,12 @@ Each request keeps its own drafter, builder, sampling, budget controller and sto
 :class:`talon_sd.decoding.Request`); what the batch shares is the target: every step, one forward verifies
 all the requests' trees (a plain step is a root-only tree), each tree seeing only its own request's cache
 row and its own ancestors. Requests join (:meth:`BatchDecoder.add`) and leave (when their stop condition
-holds, or :meth:`BatchDecoder.remove`) between steps. The TALON paper (arXiv 2601.07353) leaves batch > 1 open;
-here each request's tree is still its own budget's (a verify budget shared across requests,
-:func:`talon_sd.control.share_budget`, and batched draft forwards are the next steps).
+holds, or :meth:`BatchDecoder.remove`) between steps. The draft LMs of one model run batched too: the builders
+grow in lockstep (:meth:`talon_sd.builders.TreeBuilder.grow`) and each round of their asks is one draft forward.
+The TALON paper (arXiv 2601.07353) leaves batch > 1 open; here each request's tree is still its own budget's (a
+verify budget shared across requests, :func:`talon_sd.control.share_budget`, is the next step).
 
-Cache layout (:class:`BatchedCache`), ``width`` columns, row r one request::
+Cache layout (:class:`BatchedCache`, the target's and each draft LM's), ``width`` columns, row r one request::
 
     row r:  [ committed tokens but the root (lengths[r]) | holes up to width | tree nodes of this step ]
                                                             (never visible)    (columns width .. width + T)
@@ -32,14 +33,18 @@ import torch
 from transformers import DynamicCache
 
 from .decoding import Pipeline, Request, StopCondition
+from .drafters import ModelDrafter
 from .errors import TalonError
-from .lm import CausalLM, KVCache, _cache_keyword
+from .lm import CausalLM, KVCache
 from .stats import DecodeStats
 from .tree import DraftTree
 
+RowQueries = tuple[torch.Tensor, "torch.Tensor | None", "torch.Tensor | None"]  # tokens [F], positions [F] or None
+# (continue the row), visible [F, row length + F] or None (causal after the whole row)
+
 
 class BatchedCache:
-    """The target's KV cache of R requests, one row each (module docstring): ``lengths[r]`` committed columns."""
+    """A model's KV cache of R requests, one row each (module docstring): ``lengths[r]`` columns in use."""
 
     def __init__(self) -> None:
         self.cache = DynamicCache()
@@ -52,26 +57,11 @@ class BatchedCache:
     @torch.inference_mode()
     def add(self, single: KVCache) -> None:
         """Append a request whose prompt is in ``single`` (a one-request cache, which is left empty)."""
-        length, theirs = single.length, single.cache.layers if single.length else []
-        if self.lengths and self.cache.layers and theirs:
-            width = max(self.width, length)
-            for mine, other in zip(self.cache.layers, theirs):
-                mine.keys = torch.cat([_pad(mine.keys, width), _pad(other.keys, width)])
-                mine.values = torch.cat([_pad(mine.values, width), _pad(other.values, width)])
-        elif theirs and not self.lengths:
-            self.cache = single.cache
-        elif theirs:  # the rows so far hold no token yet (one-token prompts): zero rows beside the new one
-            for other in theirs:
-                other.keys = torch.cat([other.keys.new_zeros((len(self.lengths),) + other.keys.shape[1:]), other.keys])
-                other.values = torch.cat([other.values.new_zeros((len(self.lengths),) + other.values.shape[1:]),
-                                          other.values])
-            self.cache = single.cache
-        elif self.cache.layers:  # a one-token prompt beside rows that hold tokens
-            for mine in self.cache.layers:
-                mine.keys = torch.cat([mine.keys, mine.keys.new_zeros((1,) + mine.keys.shape[1:])])
-                mine.values = torch.cat([mine.values, mine.values.new_zeros((1,) + mine.values.shape[1:])])
-        self.lengths.append(length)
-        single.reset()
+        for layer in self.cache.layers:  # an empty row, then the request's content
+            layer.keys = torch.cat([layer.keys, layer.keys.new_zeros((1,) + layer.keys.shape[1:])])
+            layer.values = torch.cat([layer.values, layer.values.new_zeros((1,) + layer.values.shape[1:])])
+        self.lengths.append(0)
+        self.set_row(len(self.lengths) - 1, single)
 
     @torch.inference_mode()
     def remove(self, row: int) -> None:
@@ -83,23 +73,77 @@ class BatchedCache:
             layer.keys, layer.values = layer.keys.index_select(0, index), layer.values.index_select(0, index)
         self._cut()
 
-    def mask_and_positions(self, trees: list[DraftTree], dtype: torch.dtype, device) -> tuple[torch.Tensor, ...]:
-        """(tokens [R, T], positions [R, T], additive mask [R, 1, T, width + T]) for one tree per row."""
-        rows, size, width = len(trees), max(tree.size for tree in trees), self.width
+    @torch.inference_mode()
+    def forward(self, lm: CausalLM, queries: list[RowQueries | None], hidden: bool = False):
+        """One forward of ``lm``'s model over every row's queries (None: a row with none this time, given one
+        padding query): ``(model output, width)``; the output's ``[R, T, ...]`` row r, first ``F_r`` positions, are
+        row r's. Every row gets T columns at ``width``: :meth:`commit` keeps the ones wanted."""
+        rows, width = len(self.lengths), self.width
+        size = max(len(q[0]) for q in queries if q is not None)
         tokens = torch.zeros(rows, size, dtype=torch.long)
         positions = torch.tensor(self.lengths, dtype=torch.long)[:, None].repeat(1, size)  # [R, T]
         visible = torch.zeros(rows, size, width + size, dtype=torch.bool)
         padding = torch.arange(size)
         visible[:, padding, width + padding] = True  # every query sees itself (padding queries nothing else)
-        for r, tree in enumerate(trees):
-            n = tree.size
-            tokens[r, :n] = tree.tokens.cpu()
-            positions[r, :n] += tree.depth.cpu()
-            visible[r, :n, : self.lengths[r]] = True
-            visible[r, :n, width : width + n] = tree.ancestors.cpu()
-        mask = torch.zeros(visible.shape, dtype=dtype)
-        mask.masked_fill_(~visible, torch.finfo(dtype).min)
-        return tokens.to(device), positions.to(device), mask[:, None].to(device)
+        for r, query in enumerate(queries):
+            if query is None:
+                continue
+            row_tokens, row_positions, row_visible = query
+            count, length = len(row_tokens), self.lengths[r]
+            tokens[r, :count] = row_tokens.cpu()
+            if row_positions is not None:
+                positions[r, :count] = row_positions.cpu()
+            else:
+                positions[r, :count] += torch.arange(count)
+            if row_visible is None:  # causal over the new rows, after all of the row's cache
+                row_visible = torch.cat([torch.ones(count, length, dtype=torch.bool),
+                                         torch.ones(count, count, dtype=torch.bool).tril()], 1)
+            row_visible = row_visible.cpu()
+            visible[r, :count, :length] = row_visible[:, :length]
+            visible[r, :count, width : width + count] = row_visible[:, length:]
+        mask = torch.zeros(visible.shape, dtype=lm.dtype)
+        mask.masked_fill_(~visible, torch.finfo(lm.dtype).min)
+        output = lm.model(input_ids=tokens.to(lm.device), position_ids=positions.to(lm.device),
+                          attention_mask=mask[:, None].to(lm.device), **{lm.cache_keyword: self.cache},
+                          use_cache=True, output_hidden_states=hidden)
+        return output, width
+
+    @torch.inference_mode()
+    def set_row(self, row: int, single: KVCache) -> None:
+        """Row ``row`` becomes ``single``'s content (a one-request cache, which is left empty)."""
+        length = single.length
+        if length:
+            if not self.cache.layers:  # nothing forwarded yet: the other rows hold zeros
+                for layer in single.cache.layers:
+                    keys = layer.keys.new_zeros((len(self.lengths),) + layer.keys.shape[1:])
+                    values = layer.values.new_zeros((len(self.lengths),) + layer.values.shape[1:])
+                    keys[row], values[row] = layer.keys[0], layer.values[0]
+                    layer.keys, layer.values = keys, values
+                self.cache = single.cache
+            else:
+                width = max(self.width, length)
+                for mine, other in zip(self.cache.layers, single.cache.layers):
+                    mine.keys, mine.values = _pad(mine.keys, width), _pad(mine.values, width)
+                    mine.keys[row, :, :length] = other.keys[0]
+                    mine.values[row, :, :length] = other.values[0]
+        self.lengths[row] = length
+        single.reset()
+        self._cut()
+
+    @torch.inference_mode()
+    def keep_row(self, row: int, start: int, offsets: torch.Tensor) -> None:
+        """Row ``row`` keeps columns ``[:start]`` and then ``start + offsets`` (ascending), as KVCache.keep."""
+        count = int(offsets.numel())
+        for layer in self.cache.layers:
+            source = (offsets.to(torch.long) + start).to(layer.keys.device)
+            layer.keys[row, :, start : start + count] = layer.keys[row, :, source]
+            layer.values[row, :, start : start + count] = layer.values[row, :, source]
+        self.lengths[row] = start + count
+        self._cut()
+
+    def reset_row(self, row: int) -> None:
+        self.lengths[row] = 0
+        self._cut()
 
     @torch.inference_mode()
     def commit(self, width: int, paths: list[list[int]]) -> None:
@@ -129,12 +173,51 @@ def _pad(tensor: torch.Tensor, width: int) -> torch.Tensor:
     return torch.nn.functional.pad(tensor, (0, 0, 0, extra)) if extra > 0 else tensor
 
 
+class _DraftRow:
+    """A :class:`~talon_sd.drafters.ModelDrafter`'s draft LM while its request is in a batch: what the drafter uses of
+    a :class:`CausalLM` (``device``, ``reset``, ``prefill``, ``cache.length``, ``cache.keep``), on its row of the
+    batch's draft cache; its forwards run batched (:meth:`BatchDecoder.step`)."""
+
+    def __init__(self, group: "_DraftGroup", single: CausalLM) -> None:
+        self.group, self.single, self.device, self.cache = group, single, single.device, self
+
+    @property
+    def row(self) -> int:
+        return self.group.rows.index(self)
+
+    @property
+    def length(self) -> int:
+        return self.group.cache.lengths[self.row]
+
+    def keep(self, start: int, offsets: torch.Tensor) -> None:
+        self.group.cache.keep_row(self.row, start, offsets)
+
+    def reset(self) -> None:
+        self.group.cache.reset_row(self.row)
+
+    def prefill(self, tokens: torch.Tensor) -> None:  # the prompt's catch-up: alone, then moved into the row
+        self.single.prefill(tokens)
+        self.group.cache.set_row(self.row, self.single.cache)
+
+    def forward(self, *args, **kwargs):
+        raise RuntimeError("a batched draft LM forwards through its batch (BatchDecoder.step)")
+
+
+class _DraftGroup:
+    """The batch's requests whose drafter is a draft LM of one model: their caches, one row each."""
+
+    def __init__(self, lm: CausalLM) -> None:
+        self.lm, self.cache, self.rows = lm, BatchedCache(), []
+
+
 class BatchDecoder:
     """Runs requests that share one target model in lockstep verify steps (module docstring).
 
     ``add`` prefills a request and puts it in the batch; ``step`` runs one verify step for every request
     and returns what each committed, cut at its stop; a request whose stop condition holds leaves the batch
-    (its stats then complete). Not thread-safe: one caller drives it."""
+    (its stats then complete). Draft LMs of one model forward all their requests' frontiers in one batched
+    forward per tree layer (the builders run in lockstep, :meth:`~talon_sd.builders.TreeBuilder.grow`); other
+    drafters (n-gram, EAGLE-3 heads) run per request. Not thread-safe: one caller drives it."""
 
     def __init__(self, target: CausalLM) -> None:
         if target.layout.has_sliding:
@@ -142,11 +225,20 @@ class BatchDecoder:
         self.target = target
         self.cache = BatchedCache()
         self.requests: list[Request] = []
+        self.groups: dict[int, _DraftGroup] = {}  # id(draft model) -> its requests' draft caches
 
     def add(self, pipeline: Pipeline, prompt_ids: torch.Tensor, stop: StopCondition, stats: DecodeStats) -> Request:
         """Prefill a request (its pipeline's target must wrap the batch's model) and add it to the batch."""
         if pipeline.target.model is not self.target.model:
             raise TalonError("pipeline: its target is not the batch's target model")
+        drafter = pipeline.drafter
+        if isinstance(drafter, ModelDrafter):
+            if drafter.lm.layout.has_sliding:
+                raise TalonError("draft: sliding-window attention layers are not supported in batched decoding")
+            group = self.groups.setdefault(id(drafter.lm.model), _DraftGroup(drafter.lm))
+            group.cache.add(KVCache())
+            group.rows.append(_DraftRow(group, drafter.lm))
+            drafter.lm = group.rows[-1]
         request = Request(pipeline, stop, stats)
         request.start(prompt_ids)
         self.cache.add(pipeline.target.cache)
@@ -158,20 +250,23 @@ class BatchDecoder:
         row = self.requests.index(request)
         self.requests.pop(row)
         self.cache.remove(row)
+        drafter = request.pipeline.drafter
+        if isinstance(drafter, ModelDrafter) and isinstance(drafter.lm, _DraftRow):
+            draft_row = drafter.lm
+            draft_row.group.cache.remove(draft_row.row)
+            draft_row.group.rows.remove(draft_row)
+            drafter.lm = draft_row.single
         request.stats.finish(len(request.stop.tokens))
 
     def step(self) -> list[tuple[Request, list[int]]]:
         """One verify step for every request: ``(request, tokens it committed, cut at its stop)`` each."""
         requests = list(self.requests)
-        trees = [request.draft() for request in requests]  # each request's own drafter and budget
+        trees = self._draft(requests)  # each request's own drafter and budget, draft LMs batched
         started = time.perf_counter()
-        width = self.cache.width
         capture = sorted({layer for request in requests for layer in request.capture})
-        tokens, positions, mask = self.cache.mask_and_positions(trees, self.target.dtype, self.target.device)
-        with torch.inference_mode():
-            output = self.target.model(input_ids=tokens, position_ids=positions, attention_mask=mask,
-                                       **{_cache_keyword(self.target.model): self.cache.cache}, use_cache=True,
-                                       output_hidden_states=bool(capture))
+        queries = [(tree.tokens, self.cache.lengths[r] + tree.depth, tree.visibility(self.cache.lengths[r]))
+                   for r, tree in enumerate(trees)]
+        output, width = self.cache.forward(self.target, queries, hidden=bool(capture))
         logits = output.logits.float()  # [R, T, V]
         rows = [logits[r, : tree.size] for r, tree in enumerate(trees)]
         acceptances = [request.accept(tree, row) for request, tree, row in zip(requests, trees, rows)]
@@ -192,6 +287,57 @@ class BatchDecoder:
             if request.stop.reason is not None:
                 self.remove(request)
         return committed
+
+    def _draft(self, requests: list[Request]) -> list[DraftTree]:
+        """Every request's tree: the builders run in lockstep; each round, the asks of draft LMs of one model
+        are one batched forward, the others' are run one by one."""
+        started = time.perf_counter()
+        growths = [request.begin_draft() for request in requests]
+        trees: list[DraftTree | None] = [None] * len(requests)
+        answers: dict[int, torch.Tensor | None] = {i: None for i in range(len(requests))}
+        while answers:
+            asks = {}
+            for i, answer in answers.items():
+                try:
+                    asks[i] = growths[i].send(answer)  # (tree, nodes); the first send(None) starts the coroutine
+                except StopIteration as done:
+                    trees[i] = done.value
+            answers, batched = {}, {}
+            for i, (tree, nodes) in asks.items():
+                drafter = requests[i].pipeline.drafter
+                if isinstance(drafter, ModelDrafter) and isinstance(drafter.lm, _DraftRow):
+                    batched.setdefault(id(drafter.lm.group), {})[i] = (tree, nodes)
+                else:
+                    answers[i] = requests[i].clock.expand(tree, nodes)
+            for group_asks in batched.values():
+                answers.update(self._draft_forward(requests, group_asks))
+        seconds = time.perf_counter() - started
+        for request in requests:
+            request.end_draft(seconds)
+        return trees
+
+    def _draft_forward(self, requests: list[Request], asks: dict) -> dict[int, torch.Tensor]:
+        """One batched forward of a draft LM for the asks ``{request index: (tree, nodes)}`` of one group."""
+        group = requests[next(iter(asks))].pipeline.drafter.lm.group
+        queries: list[RowQueries | None] = [None] * len(group.rows)
+        for i, (tree, nodes) in asks.items():
+            requests[i].clock.catch_up()  # a prompt's catch-up runs alone, timed apart, then joins the row
+            drafter = requests[i].pipeline.drafter
+            queries[drafter.lm.row] = drafter.forward_input(tree, nodes)
+        started = time.perf_counter()
+        output, width = group.cache.forward(group.lm, queries)
+        logits = output.logits.float()  # [R, T, V_draft]
+        seconds = time.perf_counter() - started
+        group.cache.commit(width, [list(range(len(q[0]))) if q is not None else [] for q in queries])
+        answers = {}
+        for i, (tree, nodes) in asks.items():
+            drafter = requests[i].pipeline.drafter
+            row = drafter.lm.row
+            count = len(queries[row][0])
+            answers[i] = drafter.forward_output(nodes, logits[row, :count] if drafter.drafted
+                                                else logits[row, count - 1 : count])
+            requests[i].clock.record(tree, nodes, seconds)
+        return answers
 
 
 def decode_batch(target: CausalLM, requests: Iterable[tuple[Pipeline, torch.Tensor, StopCondition, DecodeStats]]):

@@ -1,6 +1,7 @@
 """Tree builders: shape a :class:`DraftTree` from the drafter's per-layer distributions.
 
-A builder never calls a model. It receives an ``expand`` callable from the drafter:
+A builder never calls a model. It receives an ``expand`` callable from the drafter (or, as a coroutine,
+:meth:`TreeBuilder.grow`, is sent what ``expand`` would return):
 
     expand(tree, nodes) -> log_p_draft   # [F, V]: log P_draft(child token | root-to-node path)
 
@@ -35,7 +36,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Callable, ClassVar
+from typing import Callable, ClassVar, Generator
 
 import torch
 
@@ -43,6 +44,7 @@ from .config import TreeConfig
 from .tree import DraftTree
 
 Expander = Callable[[DraftTree, torch.Tensor], torch.Tensor]
+Growth = Generator[tuple[DraftTree, torch.Tensor], torch.Tensor, DraftTree]  # yields (tree, nodes), gets log_p_draft
 
 
 @dataclass(frozen=True)
@@ -62,11 +64,23 @@ class TreeBuilder(ABC):
     needs_drafter: ClassVar[bool] = True
     layered: ClassVar[bool] = True  # each draft forward makes a usable prefix (False: only the last does)
 
-    @abstractmethod
     def build(self, root_token: int, expand: Expander, device: torch.device | str = "cpu",
               plan: StepPlan | None = None) -> DraftTree:
         """Grow a tree from ``root_token`` (the last committed token) using ``expand``; ``plan``
         overrides the configured budget for this step."""
+        growth = self.grow(root_token, device, plan)
+        try:
+            ask = next(growth)
+            while True:
+                ask = growth.send(expand(*ask))
+        except StopIteration as done:
+            return done.value
+
+    @abstractmethod
+    def grow(self, root_token: int, device: torch.device | str = "cpu", plan: StepPlan | None = None) -> Growth:
+        """:meth:`build` as a coroutine: yields ``(tree, nodes)`` for each draft forward, is sent back its
+        ``log_p_draft`` [F, V], and returns the tree; so a batch can run several requests' builds in lockstep,
+        one batched draft forward per layer (:mod:`talon_sd.batch`)."""
 
     def inclusion_order(self, tree: DraftTree) -> list[int]:
         """Node indices in the order the budget adds them (root first); default: index order."""
@@ -112,8 +126,9 @@ class AutoregressiveBuilder(TreeBuilder):
     def __init__(self, config: TreeConfig) -> None:
         del config
 
-    def build(self, root_token, expand, device="cpu", plan=None):
+    def grow(self, root_token, device="cpu", plan=None):
         return DraftTree.root(root_token, device)
+        yield  # a coroutine that asks for no draft forward
 
 
 class ChainBuilder(TreeBuilder):
@@ -124,12 +139,12 @@ class ChainBuilder(TreeBuilder):
     def __init__(self, config: TreeConfig) -> None:
         self.length = None if config.auto else config.depth
 
-    def build(self, root_token, expand, device="cpu", plan=None):
+    def grow(self, root_token, device="cpu", plan=None):
         tree = DraftTree.root(root_token, device)
         length = _planned(self.length + 1 if self.length is not None else None, plan) - 1
         for _ in range(length):
             leaf = torch.tensor([tree.size - 1], device=device)
-            parents, tokens, scores = _children_of(leaf, tree, expand(tree, leaf), 1)
+            parents, tokens, scores = _children_of(leaf, tree, (yield tree, leaf), 1)
             if parents.numel() == 0:
                 break
             tree = tree.extend(parents, tokens, scores)
@@ -169,7 +184,7 @@ class StaticBuilder(TreeBuilder):
                 raise ValueError(f"static_paths: {path} has no parent path {path[:-1]}")
         self.depth = max(len(p) for p in self.paths)
 
-    def build(self, root_token, expand, device="cpu", plan=None):
+    def grow(self, root_token, device="cpu", plan=None):
         if plan is not None:
             raise ValueError("the static tree has a fixed shape: it takes no per-step plan")
         tree = DraftTree.root(root_token, device)
@@ -180,7 +195,7 @@ class StaticBuilder(TreeBuilder):
             if not parent_paths:
                 break
             expanded = torch.tensor([node_of[p] for p in parent_paths], device=device)
-            log_p_draft = expand(tree, expanded)  # [F, V]
+            log_p_draft = yield tree, expanded  # [F, V]
             max_rank = 1 + max(p[-1] for p in layer)
             top_log_p, top_tokens = log_p_draft.topk(min(max_rank, log_p_draft.shape[-1]), dim=-1)  # [F, R]
             row_of = {p: i for i, p in enumerate(parent_paths)}
@@ -217,14 +232,14 @@ class EagleBuilder(TreeBuilder):
     def __init__(self, config: TreeConfig) -> None:
         self.topk, self.depth, self.budget = config.topk, config.depth, None if config.auto else config.budget
 
-    def build(self, root_token, expand, device="cpu", plan=None):
+    def grow(self, root_token, device="cpu", plan=None):
         tree = DraftTree.root(root_token, device)
         budget = _planned(self.budget, plan)
         if budget <= 1:
             return tree
         frontier = torch.zeros(1, dtype=torch.long, device=device)
         for _ in range(self.depth):
-            parents, tokens, scores = _children_of(frontier, tree, expand(tree, frontier), self.topk)
+            parents, tokens, scores = _children_of(frontier, tree, (yield tree, frontier), self.topk)
             if parents.numel() == 0:
                 break
             parents, tokens, scores = _by_score(parents, tokens, scores)
@@ -260,13 +275,13 @@ class TalonBuilder(TreeBuilder):
         self.budget = None if config.auto else config.budget
         self.topk, self.log_mu = config.topk, math.log(config.mu)
 
-    def build(self, root_token, expand, device="cpu", plan=None):
+    def grow(self, root_token, device="cpu", plan=None):
         tree = DraftTree.root(root_token, device)
         budget = _planned(self.budget, plan)
         frontier = torch.zeros(1, dtype=torch.long, device=device)
         while tree.size < budget:
             room = budget - tree.size
-            log_p_draft = expand(tree, frontier)  # [F, V]
+            log_p_draft = yield tree, frontier  # [F, V]
             if tree.size == 1:  # robust initialisation: top-K of the root's children
                 parents, tokens, scores = _children_of(frontier, tree, log_p_draft, min(self.topk, room))
             else:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 import torch
 
-from .builders import StepPlan, TreeBuilder
+from .builders import Growth, StepPlan, TreeBuilder
 from .config import SamplingConfig
 from .drafters import Drafter
 from .lm import CausalLM
@@ -141,14 +141,30 @@ class Request:
     def draft(self) -> DraftTree:
         """Plan this step's budget, draft and build the tree from :attr:`root`."""
         started = time.perf_counter()
+        growth = self.begin_draft()
+        try:
+            ask = next(growth)
+            while True:
+                ask = growth.send(self.clock.expand(*ask))
+        except StopIteration as done:
+            tree = done.value
+        self.end_draft(time.perf_counter() - started)
+        return tree
+
+    def begin_draft(self) -> Growth:
+        """Plan this step's budget; the builder's coroutine for the tree (:meth:`TreeBuilder.grow`): it asks for the
+        draft forwards, which :meth:`draft` runs one by one and a batch runs for several requests at once (timed
+        through :attr:`clock`)."""
         pipeline = self.pipeline
         self.plan = _plan(pipeline.controller, pipeline.drafter, self.stop)
         if pipeline.drafter is not None:
             pipeline.drafter.begin_step(self.root)
-        tree = pipeline.builder.build(self.root, self.clock.expand, pipeline.target.device, self.plan)
+        return pipeline.builder.grow(self.root, pipeline.target.device, self.plan)
+
+    def end_draft(self, seconds: float) -> None:
+        """The tree is built, the drafting having taken ``seconds`` of this request's time."""
         self.forwards = self.clock.take()
-        self.other_seconds = time.perf_counter() - started - self.forwards.seconds
-        return tree
+        self.other_seconds = max(seconds - self.forwards.seconds, 0.0)
 
     def accept(self, tree: DraftTree, logits: torch.Tensor) -> Acceptance:
         """The verdict on ``tree`` given the target's ``logits`` [N, V] over it."""
@@ -206,15 +222,23 @@ class _DraftClock:
         self.drafter, self.step = drafter, Forwards()
 
     def expand(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
+        self.catch_up()
         started = time.perf_counter()
-        if not self.step.widths and self.drafter.catch_up():  # the catch-up as a forward of its own, timed apart
-            self.step.catch_up_seconds = time.perf_counter() - started
-            started = time.perf_counter()
         log_p_draft = self.drafter.expand(tree, nodes)  # [F, V]
-        self.step.seconds_each.append(time.perf_counter() - started)
+        self.record(tree, nodes, time.perf_counter() - started)
+        return log_p_draft
+
+    def catch_up(self) -> None:
+        """Before the step's first forward: the drafter's catch-up, if it runs one apart, timed apart."""
+        started = time.perf_counter()
+        if not self.step.widths and self.drafter.catch_up():
+            self.step.catch_up_seconds = time.perf_counter() - started
+
+    def record(self, tree: DraftTree, nodes: torch.Tensor, seconds: float) -> None:
+        """One draft forward over ``nodes`` of ``tree`` took ``seconds`` (run here, or by a batch)."""
+        self.step.seconds_each.append(seconds)
         self.step.widths.append(int(nodes.numel()))
         self.step.sizes_before.append(tree.size)
-        return log_p_draft
 
     def take(self) -> Forwards:
         taken, self.step = self.step, Forwards()

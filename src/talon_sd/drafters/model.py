@@ -65,20 +65,33 @@ class ModelDrafter(Drafter):
         return bool(prefix)
 
     def expand(self, tree, nodes):
+        tokens, positions, visible = self.forward_input(tree, nodes)
+        logits = self.lm.forward(tokens, positions, visible, last_only=not self.drafted)  # [F or 1, V_draft]
+        return self.forward_output(nodes, logits)
+
+    def forward_input(self, tree, nodes) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """What :meth:`expand`'s draft forward takes: (tokens [F], positions [F] or None to continue the cache,
+        visible [F, cache + F] or None for causal), the cache then holding :attr:`lm`'s rows; the step's first
+        forward (the committed tokens not in the cache yet, root last; only its last row's logits count) runs the
+        prompt's catch-up first if not done. A batch runs these forwards for several drafters at once."""
         if not self.drafted:  # first forward of the step: the committed tokens not in the cache yet, root last
             if nodes.tolist() != [0]:
                 raise RuntimeError("ModelDrafter: the first expand of a step must be the root")
             self.catch_up()  # the generation's first draft forward: the prompt, decoder stack only (if not done yet)
-            logits = self.lm.forward(torch.tensor(self.pending, device=self.lm.device), last_only=True)  # [1, V_draft]
+            return torch.tensor(self.pending, device=self.lm.device), None, None
+        slots = torch.tensor(self.slot_nodes + nodes.tolist(), device=tree.tokens.device)
+        visible_tree = tree.ancestors[nodes][:, slots]  # [F, forwarded + F]
+        prefix = torch.ones(len(nodes), self.prefix_length, dtype=torch.bool, device=visible_tree.device)
+        visible = torch.cat([prefix, visible_tree], 1)  # [F, prefix + forwarded + F]
+        return tree.tokens[nodes], self.prefix_length - 1 + tree.depth[nodes], visible
+
+    def forward_output(self, nodes, logits: torch.Tensor) -> torch.Tensor:
+        """:meth:`expand`'s result from the forward's logits ``[F, V_draft]`` (the step's first: ``[1, V_draft]``,
+        the last row's), the forward's rows now in :attr:`lm`'s cache."""
+        if not self.drafted:
             self.pending, self.drafted = [], True
             self.prefix_length = self.lm.cache.length
         else:
-            slots = torch.tensor(self.slot_nodes + nodes.tolist(), device=tree.tokens.device)
-            visible_tree = tree.ancestors[nodes][:, slots]  # [F, forwarded + F]
-            prefix = torch.ones(len(nodes), self.prefix_length, dtype=torch.bool, device=visible_tree.device)
-            visible = torch.cat([prefix, visible_tree], 1)  # [F, prefix + forwarded + F]
-            positions = self.prefix_length - 1 + tree.depth[nodes]
-            logits = self.lm.forward(tree.tokens[nodes], positions, visible)  # [F, V_draft]
             self.slot_nodes.extend(nodes.tolist())
         return torch.log_softmax(self._to_target_vocab(logits), dim=-1)  # [F, V_target]
 
