@@ -146,7 +146,9 @@ def test_generate_batch_equals_generate(llama_pair):
         alone = generator.generate(input_ids=prompt, **{k: v[i] if isinstance(v, list) else v for k, v in options.items()})
         assert result.token_ids == alone.token_ids and result.finish_reason == alone.finish_reason == "length"
         assert result.stats.new_tokens == len(result.token_ids) == options["max_new_tokens"][i]
-    assert generator.learned_budget  # the batch's controllers are carried to later calls
+    learned = generator.controller_memory()
+    generator.generate_batch(PROMPTS[:2], max_new_tokens=8)
+    assert generator.controller_memory() == learned  # a batch does not change what later calls start from
 
 
 def test_generate_batch_checks_every_request_first(llama_pair):
@@ -176,3 +178,72 @@ def test_draft_lm_forwards_are_shared_by_the_batch(llama_pair):
     forwards = sum(stats.draft_forwards for *_, stats in parts)
     assert 0 < len(calls) < forwards
     assert all(isinstance(pipeline.drafter.lm, CausalLM) for pipeline, *_ in parts)  # given back on leaving
+
+
+def learned_controller(target, draft, prompt):
+    """A real online controller after one request alone on the tiny pair (its values and costs learned)."""
+    from talon_sd.control import BudgetController, ControllerSettings
+
+    from talon_sd.control import CostCurve
+
+    controller = BudgetController(ControllerSettings(max_budget=24, initial_budget=8, exploration=0.0))
+    run(target, make_drafter("model", draft, VOCAB), TreeConfig("talon", budget="auto", topk=4), prompt, 48,
+        controller=controller)
+    controller.verify, controller.draft, controller.other = CostCurve(), CostCurve(), CostCurve()
+    for size in (1, 2, 4, 8, 16, 24):  # machine-free costs (flat): its own choice drafts, and never explores
+        controller.verify.add(size, 0.01)
+        controller.draft.add(size, 0.001)
+        controller.other.add(size, 0.0)
+    return controller
+
+
+@pytest.mark.parametrize("rows_dear", [True, False], ids=["dear rows", "flat rows"])
+def test_the_batch_shares_one_verify_budget(llama_pair, rows_dear):
+    """Where every verified row costs what a plain step does, the shared budget runs every request plain; where
+    rows are free, it drafts. Outputs stay each request's own either way."""
+    from talon_sd.control import CostCurve
+
+    target, draft = llama_pair
+    controllers = [learned_controller(target, draft, prompt) for prompt in PROMPTS[:3]]
+    assert all(len(c.expected_tokens()) > 1 for c in controllers)
+    decoder = BatchDecoder(CausalLM(target))
+    parts = []
+    for controller, prompt in zip(controllers, PROMPTS[:3]):
+        pipeline, ids, stop, stats = request_parts(target, "model", draft, TreeConfig("ar"), prompt, 20)
+        pipeline = Pipeline(pipeline.target, make_drafter("model", draft, VOCAB),
+                            make_builder(TreeConfig("talon", budget="auto", topk=4)), SamplingConfig(),
+                            controller.for_next_sequence())
+        parts.append((pipeline, ids, stop, stats))
+        decoder.add(pipeline, ids, stop, stats)
+    decoder.verify_cost, decoder.draft_cost = CostCurve(), CostCurve()
+    for rows in range(1, 80):  # seconds by rows: a plain step's price per row, or one price for any count
+        decoder.verify_cost.add(rows, 1.0 * rows if rows_dear else 1.0)
+        decoder.draft_cost.add(rows, 0.01)
+    outputs = {i: [] for i in range(3)}
+    pipelines = [part[0] for part in parts]
+    first = True
+    while decoder.requests:
+        for req, tokens in decoder.step():
+            outputs[pipelines.index(req.pipeline)].extend(tokens)
+        if first:  # the first step's shared budgets: from the costs above alone
+            budgets = [stats.budgets[0] for *_, stats in parts]
+            assert budgets == [1, 1, 1] if rows_dear else max(budgets) > 1
+            first = False
+    for i, prompt in enumerate(PROMPTS[:3]):
+        assert outputs[i] == plain_greedy(target, prompt, 20)
+
+
+def test_step_seconds_prices_rows_and_lockstep_forwards():
+    from talon_sd.batch import step_seconds
+    from talon_sd.control import BudgetController, CostCurve
+
+    verify, draft = CostCurve(), CostCurve()
+    for rows in (1, 2, 4, 8, 16, 32):
+        verify.add(rows, 0.1 * rows)
+        draft.add(rows, 0.01 * rows)
+    fresh = [BudgetController(), BudgetController()]
+    assert step_seconds([1, 1], fresh, [], verify, draft) == pytest.approx(0.2)
+    assert step_seconds([1, 1], fresh, [1, 1], verify, draft) == pytest.approx(0.4)
+    assert step_seconds([1, 1], fresh, [3], verify, draft) == pytest.approx(0.9)  # padded: 3 rows x 3 requests
+    # two trees of 16: 32 rows verified; log2(16) = 4 lockstep forwards of 2 x 15 / 4 rows each
+    assert step_seconds([16, 16], fresh, [], verify, draft) == pytest.approx(3.2 + 4 * 0.01 * 7.5)

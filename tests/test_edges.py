@@ -469,11 +469,10 @@ def test_auto_budget_calls_continue_the_previous_calls_controller_per_method_dra
     key = ("talon", "model", False)
     assert generator.controller_memory()[key].verify.adds == first.stats.target_forwards
     second = generator.generate(input_ids=prompt, max_new_tokens=40)
-    # starts where the first call ended: its controller goes on counting, and its first step runs the learned
-    # choice unless it explores (timing-dependent: a loaded machine's costs can make it a trial from plain decoding)
+    # starts where the first call ended: its controller goes on counting (which budget its first step takes
+    # depends on measured costs, which a loaded machine changes: not asserted)
     assert generator.controller_memory()[key].verify.adds == first.stats.target_forwards + second.stats.target_forwards
-    if second.stats.reasons[0] == "choice":
-        assert second.stats.budgets[0] == learned[key]
+    assert second.stats.reasons[0] != "initial"
     assert second.token_ids == first.token_ids == plain_greedy(target, prompt.tolist(), 40)
     generator.generate(input_ids=prompt, max_new_tokens=20, drafter="ngram")
     generator.generate(input_ids=prompt, max_new_tokens=20, do_sample=True, seed=0)

@@ -6,8 +6,10 @@ all the requests' trees (a plain step is a root-only tree), each tree seeing onl
 row and its own ancestors. Requests join (:meth:`BatchDecoder.add`) and leave (when their stop condition
 holds, or :meth:`BatchDecoder.remove`) between steps. The draft LMs of one model run batched too: the builders
 grow in lockstep (:meth:`talon_sd.builders.TreeBuilder.grow`) and each round of their asks is one draft forward.
-The TALON paper (arXiv 2601.07353) leaves batch > 1 open; here each request's tree is still its own budget's (a
-verify budget shared across requests, :func:`talon_sd.control.share_budget`, is the next step).
+The TALON paper (arXiv 2601.07353) leaves batch > 1 open. Here requests with an online budget share one verify
+budget (:meth:`BatchDecoder._share`): each step the rows go where they add most expected tokens per second of the
+whole batch (:func:`talon_sd.control.share_budget`), priced by the batch's own measured costs, so where extra rows
+are dear every request runs plain and where they are nearly free the confident ones get deep trees.
 
 Cache layout (:class:`BatchedCache`, the target's and each draft LM's), ``width`` columns, row r one request::
 
@@ -26,12 +28,15 @@ floating-point near-ties (exact in float32 on the test models). Only full-attent
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Iterable
 
 import torch
 from transformers import DynamicCache
 
+from .builders import StepPlan
+from .control import CostCurve, share_budget
 from .decoding import Pipeline, Request, StopCondition
 from .drafters import ModelDrafter
 from .errors import TalonError
@@ -226,6 +231,9 @@ class BatchDecoder:
         self.cache = BatchedCache()
         self.requests: list[Request] = []
         self.groups: dict[int, _DraftGroup] = {}  # id(draft model) -> its requests' draft caches
+        self.verify_cost = CostCurve()  # rows verified in all -> seconds of the batched target forward
+        self.draft_cost = CostCurve()  # rows in a batched draft-LM forward -> seconds
+        self.last_sizes: dict[int, int] = {}  # id(request) -> its last tree's size
 
     def add(self, pipeline: Pipeline, prompt_ids: torch.Tensor, stop: StopCondition, stats: DecodeStats) -> Request:
         """Prefill a request (its pipeline's target must wrap the batch's model) and add it to the batch."""
@@ -239,6 +247,10 @@ class BatchDecoder:
             group.cache.add(KVCache())
             group.rows.append(_DraftRow(group, drafter.lm))
             drafter.lm = group.rows[-1]
+        controller = pipeline.controller
+        if controller is not None and not self.verify_cost.points() and controller.verify.samples:
+            self.verify_cost = CostCurve(prior=controller.verify.medians())  # one request's tree ~ rows in all
+            self.draft_cost = CostCurve(prior=controller.draft.medians())
         request = Request(pipeline, stop, stats)
         request.start(prompt_ids)
         self.cache.add(pipeline.target.cache)
@@ -271,6 +283,8 @@ class BatchDecoder:
         rows = [logits[r, : tree.size] for r, tree in enumerate(trees)]
         acceptances = [request.accept(tree, row) for request, tree, row in zip(requests, trees, rows)]
         verify_seconds = time.perf_counter() - started
+        self.verify_cost.add(len(trees) * max(tree.size for tree in trees), verify_seconds)  # rows computed
+        self.last_sizes = {id(request): tree.size for request, tree in zip(requests, trees)}
         self.cache.commit(width, [acceptance.path for acceptance in acceptances])
         committed = []
         for r, (request, tree, acceptance) in enumerate(zip(requests, trees, acceptances)):
@@ -288,10 +302,30 @@ class BatchDecoder:
                 self.remove(request)
         return committed
 
+    def _share(self, requests: list[Request]) -> None:
+        """Each request's budget this step: its controller's, but where two or more requests have an online budget
+        that has learned what trees accept, the batch shares one verify budget among those requests
+        (:func:`share_budget`; their own exploration steps are not taken: a probe of one request pads every
+        request's rows), priced by what the batch measured: seconds by rows computed (padded, R x the largest)."""
+        plans = [request.plan_step() for request in requests]
+        shared = [i for i, plan in enumerate(plans)
+                  if plan is not None and len(requests[i].pipeline.controller.expected_tokens()) > 1]
+        if len(shared) < 2 or not self.verify_cost.points() or not self.draft_cost.points():
+            return
+        other_sizes = [plan.budget if plan is not None else self.last_sizes.get(id(request), 1)
+                       for i, (request, plan) in enumerate(zip(requests, plans)) if i not in shared]
+        controllers = [requests[i].pipeline.controller for i in shared]
+        budgets = share_budget([c.expected_tokens() for c in controllers],
+                               lambda budgets: step_seconds(budgets, controllers, other_sizes, self.verify_cost,
+                                                            self.draft_cost))
+        for i, budget in zip(shared, budgets):
+            requests[i].plan = StepPlan(budget=budget, reason="choice")
+
     def _draft(self, requests: list[Request]) -> list[DraftTree]:
         """Every request's tree: the builders run in lockstep; each round, the asks of draft LMs of one model
         are one batched forward, the others' are run one by one."""
         started = time.perf_counter()
+        self._share(requests)
         growths = [request.begin_draft() for request in requests]
         trees: list[DraftTree | None] = [None] * len(requests)
         answers: dict[int, torch.Tensor | None] = {i: None for i in range(len(requests))}
@@ -328,6 +362,7 @@ class BatchDecoder:
         output, width = group.cache.forward(group.lm, queries)
         logits = output.logits.float()  # [R, T, V_draft]
         seconds = time.perf_counter() - started
+        self.draft_cost.add(len(queries) * max(len(q[0]) for q in queries if q is not None), seconds)
         group.cache.commit(width, [list(range(len(q[0]))) if q is not None else [] for q in queries])
         answers = {}
         for i, (tree, nodes) in asks.items():
@@ -338,6 +373,26 @@ class BatchDecoder:
                                                 else logits[row, count - 1 : count])
             requests[i].clock.record(tree, nodes, seconds)
         return answers
+
+
+def step_seconds(budgets: list[int], controllers: list, other_sizes: list[int], verify_cost: CostCurve,
+                 draft_cost: CostCurve) -> float:
+    """Expected seconds of a batched step where request i (``controllers[i]``'s) gets ``budgets[i]`` and the rest of
+    the batch trees of ``other_sizes``. Rows are padded to the largest tree, so the target computes R x the largest
+    rows; the draft LM runs as many lockstep forwards as the request needing most, each over R x the widest
+    request's rows of a forward, as each controller saw its budget's trees forward
+    (:meth:`talon_sd.control.Value.shape`; ``log2(budget)`` forwards where unseen)."""
+    sizes = list(budgets) + list(other_sizes)
+    forwards, width = 0.0, 0.0
+    for controller, budget in zip(controllers, budgets):
+        if budget > 1:
+            guess = max(1.0, math.log2(budget))
+            widths, _ = controller.value.shape(budget) or ({(budget - 1) / guess: guess}, budget)
+            count = sum(widths.values())
+            forwards = max(forwards, count)
+            width = max(width, sum(w * n for w, n in widths.items()) / count)
+    draft = forwards * draft_cost(len(sizes) * width) if forwards else 0.0
+    return verify_cost(len(sizes) * max(sizes)) + draft
 
 
 def decode_batch(target: CausalLM, requests: Iterable[tuple[Pipeline, torch.Tensor, StopCondition, DecodeStats]]):

@@ -141,6 +141,7 @@ class Request:
     def draft(self) -> DraftTree:
         """Plan this step's budget, draft and build the tree from :attr:`root`."""
         started = time.perf_counter()
+        self.plan_step()
         growth = self.begin_draft()
         try:
             ask = next(growth)
@@ -151,12 +152,17 @@ class Request:
         self.end_draft(time.perf_counter() - started)
         return tree
 
+    def plan_step(self) -> StepPlan | None:
+        """This step's budget from the controller (None: the builder's own), kept in :attr:`plan`, which a batch
+        may replace before :meth:`begin_draft` (a verify budget shared across requests)."""
+        self.plan = _plan(self.pipeline.controller, self.pipeline.drafter, self.stop)
+        return self.plan
+
     def begin_draft(self) -> Growth:
-        """Plan this step's budget; the builder's coroutine for the tree (:meth:`TreeBuilder.grow`): it asks for the
+        """The builder's coroutine for this step's tree at :attr:`plan` (:meth:`TreeBuilder.grow`): it asks for the
         draft forwards, which :meth:`draft` runs one by one and a batch runs for several requests at once (timed
         through :attr:`clock`)."""
         pipeline = self.pipeline
-        self.plan = _plan(pipeline.controller, pipeline.drafter, self.stop)
         if pipeline.drafter is not None:
             pipeline.drafter.begin_step(self.root)
         return pipeline.builder.grow(self.root, pipeline.target.device, self.plan)

@@ -246,7 +246,9 @@ class SpeculativeGenerator:
         trees (:mod:`talon_sd.batch`), each request with its own drafter, budget and sampling. A prompt is what
         :meth:`generate` takes, or a list of token ids. Options as for :meth:`generate`; a list (``stop`` excepted)
         gives one value per prompt, e.g. ``max_new_tokens=[64, 16]`` or ``seed=[1, 2]``. Each result is the one
-        :meth:`generate` gives for its prompt alone (up to floating-point near-ties, as for trees)."""
+        :meth:`generate` gives for its prompt alone (up to floating-point near-ties, as for trees). With
+        ``budget="auto"`` the requests start from what earlier calls learned and the batch shares one verify budget
+        among them; what the batch measures is not carried to later calls (its costs are a batch's, not a request's)."""
         from .batch import decode_batch
 
         if not isinstance(prompts, (list, tuple)) or not prompts:
@@ -263,10 +265,6 @@ class SpeculativeGenerator:
         token_ids: list[list[int]] = [[] for _ in requests]
         for index, token in decode_batch(CausalLM(self.target_model, role="target"), [r[:4] for r in requests]):
             token_ids[index].append(token)
-        for pipeline, _, _, _, key in requests:
-            if pipeline.controller is not None and pipeline.controller.verify.samples:
-                with self._lock:
-                    self._learned[key] = pipeline.controller
         return [self._result(ids, stats, stop) for ids, (_, _, stop, stats, _) in zip(token_ids, requests)]
 
     def stream(self, prompt: Prompt = None, **options) -> TextStream:
