@@ -1,6 +1,7 @@
 """The decoding loop: plan -> draft -> build -> verify -> accept -> commit, as one token generator.
 
-Every front end (the Python API, the CLI, the benchmark, the server) consumes :func:`decode`.
+Every front end (the Python API, the CLI, the benchmark, the server) consumes :func:`decode`; one request's part
+of a step is a :class:`Request`, which :mod:`talon_sd.batch` also runs, several requests per target forward.
 Plain autoregressive decoding is the same loop with the ``ar`` builder (a root-only tree, no drafter),
 so the baseline and the speculative methods share every line of code but the tree.
 
