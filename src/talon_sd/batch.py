@@ -28,7 +28,6 @@ floating-point near-ties (exact in float32 on the test models). Only full-attent
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Iterable
 
@@ -40,7 +39,7 @@ from .control import CostCurve, share_budget
 from .decoding import Pipeline, Request, StopCondition
 from .drafters import ModelDrafter
 from .errors import TalonError
-from .lm import CausalLM, KVCache
+from .lm import CausalLM, KVCache, additive_mask
 from .stats import DecodeStats
 from .tree import DraftTree
 
@@ -106,10 +105,9 @@ class BatchedCache:
             row_visible = row_visible.cpu()
             visible[r, :count, :length] = row_visible[:, :length]
             visible[r, :count, width : width + count] = row_visible[:, length:]
-        mask = torch.zeros(visible.shape, dtype=lm.dtype)
-        mask.masked_fill_(~visible, torch.finfo(lm.dtype).min)
         output = lm.model(input_ids=tokens.to(lm.device), position_ids=positions.to(lm.device),
-                          attention_mask=mask[:, None].to(lm.device), **{lm.cache_keyword: self.cache},
+                          attention_mask=additive_mask(visible, lm.dtype, lm.device)[:, None],  # [R, 1, T, width + T]
+                          **{lm.cache_keyword: self.cache},
                           use_cache=True, output_hidden_states=hidden)
         return output, width
 
@@ -243,7 +241,9 @@ class BatchDecoder:
         if isinstance(drafter, ModelDrafter):
             if drafter.lm.layout.has_sliding:
                 raise TalonError("draft: sliding-window attention layers are not supported in batched decoding")
-            group = self.groups.setdefault(id(drafter.lm.model), _DraftGroup(drafter.lm))
+            if id(drafter.lm.model) not in self.groups:
+                self.groups[id(drafter.lm.model)] = _DraftGroup(drafter.lm)
+            group = self.groups[id(drafter.lm.model)]
             group.cache.add(KVCache())
             group.rows.append(_DraftRow(group, drafter.lm))
             drafter.lm = group.rows[-1]
@@ -308,14 +308,15 @@ class BatchDecoder:
         (:func:`share_budget`; their own exploration steps are not taken: a probe of one request pads every
         request's rows), priced by what the batch measured: seconds by rows computed (padded, R x the largest)."""
         plans = [request.plan_step() for request in requests]
-        shared = [i for i, plan in enumerate(plans)
-                  if plan is not None and len(requests[i].pipeline.controller.expected_tokens()) > 1]
+        tables = {i: requests[i].pipeline.controller.expected_tokens()
+                  for i, plan in enumerate(plans) if plan is not None}
+        shared = [i for i, table in tables.items() if len(table) > 1]
         if len(shared) < 2 or not self.verify_cost.points() or not self.draft_cost.points():
             return
         other_sizes = [plan.budget if plan is not None else self.last_sizes.get(id(request), 1)
                        for i, (request, plan) in enumerate(zip(requests, plans)) if i not in shared]
         controllers = [requests[i].pipeline.controller for i in shared]
-        budgets = share_budget([c.expected_tokens() for c in controllers],
+        budgets = share_budget([tables[i] for i in shared],
                                lambda budgets: step_seconds(budgets, controllers, other_sizes, self.verify_cost,
                                                             self.draft_cost))
         for i, budget in zip(shared, budgets):
@@ -386,8 +387,7 @@ def step_seconds(budgets: list[int], controllers: list, other_sizes: list[int], 
     forwards, width = 0.0, 0.0
     for controller, budget in zip(controllers, budgets):
         if budget > 1:
-            guess = max(1.0, math.log2(budget))
-            widths, _ = controller.value.shape(budget) or ({(budget - 1) / guess: guess}, budget)
+            widths, _ = controller.value.shape(budget)
             count = sum(widths.values())
             forwards = max(forwards, count)
             width = max(width, sum(w * n for w, n in widths.items()) / count)

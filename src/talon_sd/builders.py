@@ -68,13 +68,7 @@ class TreeBuilder(ABC):
               plan: StepPlan | None = None) -> DraftTree:
         """Grow a tree from ``root_token`` (the last committed token) using ``expand``; ``plan``
         overrides the configured budget for this step."""
-        growth = self.grow(root_token, device, plan)
-        try:
-            ask = next(growth)
-            while True:
-                ask = growth.send(expand(*ask))
-        except StopIteration as done:
-            return done.value
+        return drive(self.grow(root_token, device, plan), expand)
 
     @abstractmethod
     def grow(self, root_token: int, device: torch.device | str = "cpu", plan: StepPlan | None = None) -> Growth:
@@ -85,6 +79,16 @@ class TreeBuilder(ABC):
     def inclusion_order(self, tree: DraftTree) -> list[int]:
         """Node indices in the order the budget adds them (root first); default: index order."""
         return list(range(tree.size))
+
+
+def drive(growth: Growth, expand: Expander) -> DraftTree:
+    """Run a builder's coroutine (:meth:`TreeBuilder.grow`) to its tree, answering each ask with ``expand``."""
+    try:
+        ask = next(growth)
+        while True:
+            ask = growth.send(expand(*ask))
+    except StopIteration as done:
+        return done.value
 
 
 def _planned(budget: int | None, plan: StepPlan | None) -> int:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 import torch
 
-from .builders import Growth, StepPlan, TreeBuilder
+from .builders import Growth, StepPlan, TreeBuilder, drive
 from .config import SamplingConfig
 from .drafters import Drafter
 from .lm import CausalLM
@@ -143,13 +143,7 @@ class Request:
         """Plan this step's budget, draft and build the tree from :attr:`root`."""
         started = time.perf_counter()
         self.plan_step()
-        growth = self.begin_draft()
-        try:
-            ask = next(growth)
-            while True:
-                ask = growth.send(self.clock.expand(*ask))
-        except StopIteration as done:
-            tree = done.value
+        tree = drive(self.begin_draft(), self.clock.expand)
         self.end_draft(time.perf_counter() - started)
         return tree
 

@@ -203,9 +203,7 @@ class CausalLM:
         return masks if len(masks) > 1 else next(iter(masks.values()))
 
     def _additive(self, visible: torch.Tensor) -> torch.Tensor:
-        bias = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
-        bias.masked_fill_(~visible, torch.finfo(self.dtype).min)
-        return bias[None, None]  # [1, 1, T, past + T]
+        return additive_mask(visible, self.dtype, self.device)[None, None]  # [1, 1, T, past + T]
 
     @torch.inference_mode()
     def prefill(self, tokens: torch.Tensor, capture: tuple[int, ...] = ()) -> torch.Tensor | None:
@@ -242,6 +240,14 @@ class CausalLM:
         """After verifying a tree of ``tree_size`` nodes (the last rows of the cache), keep only the
         rows of the accepted ``path`` (node indices, root first): one gather per tensor."""
         self.cache.keep(self.cache.length - tree_size, torch.tensor(path, dtype=torch.long))
+
+
+def additive_mask(visible: torch.Tensor, dtype: torch.dtype, device) -> torch.Tensor:
+    """The additive attention mask of ``visible`` [..., T, K] (bool) in ``dtype`` on ``device``: 0 where a query sees a
+    key, the dtype's lowest value elsewhere (not -inf, and not a bool mask, which eager attention would add)."""
+    bias = torch.zeros(visible.shape, dtype=dtype, device=device)
+    bias.masked_fill_(~visible.to(device), torch.finfo(dtype).min)
+    return bias
 
 
 def _cache_keyword(module) -> str:

@@ -90,11 +90,12 @@ class Value:
         return {k: tokens[i] / below[i] for i, k in enumerate(self.candidates)
                 if i and self.informed[i] >= TRUSTED and below[i] > 0}
 
-    def shape(self, budget: int) -> tuple[dict[int, float], float] | None:
-        """(draft forwards by width, verified nodes) of a step at ``budget`` on average; None if unknown."""
-        i = self.candidates.index(budget) if budget in self.candidates else -1
+    def shape(self, budget: int) -> tuple[dict[int, float], float]:
+        """(draft forwards by width, verified nodes) of a step at ``budget`` on average; unknown: log2 N forwards."""
+        i, guess = self.candidates.index(budget) if budget in self.candidates else -1, max(1.0, math.log2(budget))
         weight = self.sums["weight"][i] if i >= 0 else 0.0
-        return ({w: n / weight for w, n in self.widths[i].items()}, self.sums["nodes"][i] / weight) if weight else None
+        return ({w: n / weight for w, n in self.widths[i].items()}, self.sums["nodes"][i] / weight) if weight \
+            else ({(budget - 1) / guess: guess}, budget)
 
     def age(self, factor: float) -> None:
         self.sums = {name: [x * factor for x in sums] for name, sums in self.sums.items()}
@@ -197,8 +198,7 @@ class BudgetController:
         """Expected seconds of a step at ``budget``: verify, draft forwards and the rest, as measured."""
         if budget == 1:
             return self.verify(1) + self.other(0)
-        guess = max(1.0, math.log2(budget))  # the forwards of a budget no step informed
-        widths, nodes = self.value.shape(budget) or ({(budget - 1) / guess: guess}, budget)
+        widths, nodes = self.value.shape(budget)
         return self.verify(nodes) + sum(n * self.draft(w) for w, n in widths.items()) + self.other(sum(widths.values()))
 
     def catch_up_seconds(self, tokens: int) -> float:
