@@ -197,15 +197,22 @@ def learned_controller(target, draft, prompt):
     return controller
 
 
-@pytest.mark.parametrize("rows_dear", [True, False], ids=["dear rows", "flat rows"])
-def test_the_batch_shares_one_verify_budget(llama_pair, rows_dear):
+@pytest.mark.parametrize("rows_dear,catch_up_dear", [(True, False), (False, False), (False, True)],
+                         ids=["dear rows", "flat rows", "flat rows, dear catch-up"])
+def test_the_batch_shares_one_verify_budget(llama_pair, rows_dear, catch_up_dear):
     """Where every verified row costs what a plain step does, the shared budget runs every request plain; where
-    rows are free, it drafts. Outputs stay each request's own either way."""
+    rows are free, it drafts, unless a request's draft LM must first catch up a prompt that costs more than
+    drafting gains. Outputs stay each request's own either way."""
     from talon_sd.control import CostCurve
 
     target, draft = llama_pair
     controllers = [learned_controller(target, draft, prompt) for prompt in PROMPTS[:3]]
     assert all(len(c.expected_tokens()) > 1 for c in controllers)
+    if catch_up_dear:  # the draft LM's rows, as each request's controller measured them: one second each
+        for controller in controllers:
+            controller.draft = CostCurve()
+            for rows in (1, 2, 4, 8, 16, 32):
+                controller.draft.add(rows, 1.0 * rows)
     decoder = BatchDecoder(CausalLM(target))
     parts = []
     for controller, prompt in zip(controllers, PROMPTS[:3]):
@@ -227,7 +234,12 @@ def test_the_batch_shares_one_verify_budget(llama_pair, rows_dear):
             outputs[pipelines.index(req.pipeline)].extend(tokens)
         if first:  # the first step's shared budgets: from the costs above alone
             budgets = [stats.budgets[0] for *_, stats in parts]
-            assert budgets == [1, 1, 1] if rows_dear else max(budgets) > 1
+            if rows_dear:
+                assert budgets == [1, 1, 1]
+            elif catch_up_dear:  # the first two have prompts to catch up (the third's is one token: nothing)
+                assert budgets[:2] == [1, 1]
+            else:
+                assert max(budgets) > 1
             first = False
     for i, prompt in enumerate(PROMPTS[:3]):
         assert outputs[i] == plain_greedy(target, prompt, 20)
@@ -247,3 +259,22 @@ def test_step_seconds_prices_rows_and_lockstep_forwards():
     assert step_seconds([1, 1], fresh, [3], verify, draft) == pytest.approx(0.9)  # padded: 3 rows x 3 requests
     # two trees of 16: 32 rows verified; log2(16) = 4 lockstep forwards of 2 x 15 / 4 rows each
     assert step_seconds([16, 16], fresh, [], verify, draft) == pytest.approx(3.2 + 4 * 0.01 * 7.5)
+
+
+def test_step_seconds_adds_the_rest_of_a_step_by_requests_drafting():
+    """The seconds a batch measured outside its forwards (tree building, acceptance, cache upkeep) priced by how many
+    requests draft: all plain pays the plain steps' rest, two trees the rest measured with two drafting."""
+    from talon_sd.batch import step_seconds
+    from talon_sd.control import BudgetController, CostCurve
+
+    verify, draft, rest = CostCurve(), CostCurve(), CostCurve()
+    for rows in (1, 2, 4, 8, 16, 32):
+        verify.add(rows, 0.1)
+        draft.add(rows, 0.01)
+    fresh = [BudgetController(), BudgetController()]
+    assert step_seconds([1, 1], fresh, [], verify, draft, rest) == pytest.approx(0.1)  # nothing measured: no rest
+    rest.add(0, 0.02)
+    rest.add(2, 0.12)
+    assert step_seconds([1, 1], fresh, [], verify, draft, rest) == pytest.approx(0.12)
+    assert step_seconds([2, 1], fresh, [], verify, draft, rest) == pytest.approx(0.1 + 0.01 + 0.07)  # 1 drafting
+    assert step_seconds([2, 2], fresh, [], verify, draft, rest) == pytest.approx(0.1 + 0.01 + 0.12)

@@ -3,7 +3,8 @@ HTTP: greedy output equal to ``talon generate``, concurrent streams, disconnects
 queue, every bad input as an OpenAI error object (never a 500), metrics, the load test, shutdown.
 
 Two servers start once for the module (tiny random Llama pair, float32 on the CPU): an open one
-(``--max-model-len 256``) and a guarded one (``--api-key``, ``--max-queue 1``).
+(``--max-model-len 4096``, continuous batching: the default ``--max-batch 8``) and a guarded one (``--api-key``,
+``--max-queue 1``, ``--max-batch 1``: one request at a time).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from talon_sd.config import SamplingConfig
 from talon_sd.generator import GenerationResult, TextStream
 from talon_sd.stats import DecodeStats
 from talon_sd.serve.engine import Generation, GenerationRequest
-from talon_sd.serve.scheduler import Cancelled, Chunk, FifoScheduler, Finished, QueueFull, Started
+from talon_sd.serve.scheduler import BatchScheduler, Cancelled, Chunk, Failed, FifoScheduler, Finished, QueueFull, Started
 from test_models import save_tiny_llama
 
 MODEL_NAME = "qwen2.5-coder-1.5b-instruct"  # the default name, so the README snippets run as written
@@ -142,7 +143,7 @@ def servers(folders, tmp_path_factory):
     root = tmp_path_factory.mktemp("serve-run")
     started = {
         "open": spawn_server(folders, root, "open", "--max-model-len", str(MAX_MODEL_LEN), "--max-queue", "32"),
-        "guarded": spawn_server(folders, root, "guarded", "--api-key", API_KEY, "--max-queue", "1"),
+        "guarded": spawn_server(folders, root, "guarded", "--api-key", API_KEY, "--max-queue", "1", "--max-batch", "1"),
     }
     try:
         for server in started.values():
@@ -326,6 +327,49 @@ def test_ten_concurrent_streams_each_get_their_own_greedy_text(server, oracle):
     assert len(set(texts)) > 1  # the prompts lead to different texts: a mix-up would show
 
 
+def test_batched_requests_with_their_own_trees_lengths_and_stops_get_their_own_text_and_stats(server, oracle):
+    """Sent at once, they run in one batch: each text is its prompt's plain greedy text, cut at its own length and
+    stop string; each reply's stats are its own tree's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    stopped = oracle("w6 w2 w9", 20)
+    stop = " " + stopped.split()[3]
+    jobs = [("w3 w4 w5", 5, {"tree": "ar"}, None), ("w4 w6 w8", 17, {"tree": "talon", "budget": 4}, None),
+            ("w5 w9 w3", 9, {"tree": "talon"}, None), ("w6 w2 w9", 20, {"tree": "chain", "depth": 3}, [stop]),
+            ("w7 w3 w9", 11, {"tree": "eagle", "budget": 12}, None), ("w8 w8 w3", 3, {}, None)]
+
+    def ask(job):
+        prompt, max_tokens, tree, stops = job
+        return client_for(server).chat.completions.create(
+            model=MODEL_NAME, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens, temperature=0,
+            stop=stops, extra_body={"talon": tree})
+
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        replies = list(pool.map(ask, jobs))
+    for (prompt, max_tokens, tree, stops), reply in zip(jobs, replies):
+        expected = oracle(prompt, max_tokens)
+        text = reply.choices[0].message.content
+        assert text == (expected[:expected.index(stop)] if stops else expected), prompt
+        assert reply.usage.completion_tokens <= max_tokens
+        assert reply.talon["method"].startswith(tree.get("tree", "talon")), (tree, reply.talon["method"])
+    assert replies[0].talon["mean_accepted_tokens"] == 1.0  # the plain one verified one token a step
+    assert replies[3].choices[0].finish_reason == "stop" and replies[0].choices[0].finish_reason == "length"
+
+
+def test_a_request_joins_a_running_batch_and_ends_before_it(server, oracle):
+    """Continuous batching: a short request sent while a long stream runs is answered at once (one at a time, it
+    would wait for the long one's 4,000 tokens), with its own greedy text; the long one goes on."""
+    body = chat_body(max_tokens=LONG, stream=True, talon={"ignore_eos": True})
+    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, timeout=60) as running:
+        lines = open_stream(running)
+        reply = client_for(server).chat.completions.create(
+            model=MODEL_NAME, messages=[{"role": "user", "content": "w9 w4 w7"}], max_tokens=10, temperature=0)
+        assert reply.choices[0].message.content == oracle("w9 w4 w7", 10)
+        assert server.metrics()["talon_running_requests"] == 1  # the long stream is still in the batch
+        assert next(line for line in lines if line.startswith("data: "))  # and still streaming
+        del lines
+
+
 def test_client_disconnect_cancels_the_generation(server, oracle):
     before = server.metrics()
     body = chat_body(max_tokens=LONG, stream=True, talon={"ignore_eos": True})
@@ -420,6 +464,7 @@ def test_metrics_cover_requests_latency_tokens_and_memory(server):
     assert samples["talon_time_per_output_token_seconds_count"] >= 1
     assert samples["talon_generated_tokens_total"] >= 6
     assert samples["talon_verify_steps_total"] >= 1
+    assert samples["talon_verified_rows_total"] >= samples["talon_verify_steps_total"]  # a tree of 1 or more each
     assert samples["talon_accepted_tokens_per_step_count"] == samples["talon_verify_steps_total"]
     assert samples["talon_accepted_tokens_per_step_sum"] >= samples["talon_verify_steps_total"]  # bonus token counted
     assert samples["talon_draft_seconds_total"] > 0 and samples["talon_verify_seconds_total"] > 0
@@ -456,15 +501,27 @@ def test_bench_serve_reports_latency_throughput_and_memory(server, tmp_path, cap
                  "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["errors"] == 0 and report["requests"] >= 2
-    for key in ("requests_per_s", "ttft_p50_s", "ttft_p95_s", "tpot_p50_s", "tpot_p95_s"):
+    for key in ("requests_per_s", "ttft_p50_s", "ttft_p95_s", "ttft_p99_s", "tpot_p50_s", "tpot_p95_s",
+                "request_tokens_per_s_p50"):
         assert report[key] is not None and report[key] > 0, key
-    assert report["ttft_p50_s"] <= report["ttft_p95_s"] and report["tpot_p50_s"] <= report["tpot_p95_s"]
+    assert report["ttft_p50_s"] <= report["ttft_p95_s"] <= report["ttft_p99_s"]
+    assert report["tpot_p50_s"] <= report["tpot_p95_s"]
+    assert report["rows_per_request_step"] >= 1.0  # the server's tree: talon N = 8
     assert report["rss_before_bytes"] > 0 and report["rss_after_bytes"] > 0
     assert "TTFT p50 / p95" in capsys.readouterr().out
 
 
-def test_bench_serve_refuses_remote_urls():
+def test_bench_serve_refuses_remote_urls_and_unknown_datasets():
     assert main(["bench-serve", "--url", "http://example.com:8000", "--duration", "1"]) == 2
+    assert main(["bench-serve", "--datasets", "nosuch", "--duration", "1"]) == 2
+
+
+def test_bench_serve_sends_the_datasets_prompts_in_turn():
+    from talon_sd.serve.loadtest import LoadSettings
+
+    prompts = LoadSettings(url="http://127.0.0.1:1", datasets="gsm8k,qa").prompts()
+    assert len(prompts) >= 2 and len(set(prompts)) == len(prompts)
+    assert prompts[0] != prompts[1]  # one of each dataset in turn
 
 
 # ---------------------------------------------------------------------------------------------- guarded server
@@ -618,6 +675,73 @@ def test_scheduler_is_fifo_refuses_past_max_queue_and_drops_cancelled_waiters():
     assert events["third"] == [Started, Chunk, Chunk, Finished]
     assert engine.started[:2] == ["first", "third"]  # FIFO; the cancelled one never reached the engine
     assert "second" not in engine.started
+
+
+def test_serve_table_script_runs_the_set_ups_and_resumes(folders, tmp_path):
+    """scripts/serve_table.py on the tiny pair: a server per set-up, a cell per client count, a table, a plot; run
+    again, it keeps the finished cells and starts no server."""
+    script = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "serve_table.py"
+    flags = f"--target {folders['target']} --draft {folders['draft']} --dtype float32 --device cpu --threads 1"
+    command = [sys.executable, str(script), "--setups", "b,d", "--clients", "1,2", "--max-tokens", "6",
+               "--requests-per-client", "1", "--datasets", "mt_bench", "--server-flags", flags, "--out", str(tmp_path)]
+    env = {**os.environ, "TALON_SD_CACHE": str(tmp_path / "cache"), "TOKENIZERS_PARALLELISM": "false"}
+    first = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    cells = json.loads((tmp_path / "results.json").read_text())["cells"]
+    assert sorted(cells) == ["b/1", "b/2", "d/1", "d/2"]
+    assert all(cell["errors"] == 0 and cell["requests"] == int(key[-1]) for key, cell in cells.items())
+    assert cells["b/1"]["rows_per_request_step"] == 1.0  # plain decoding verifies one row a step
+    assert "| (d) shared auto | 2 |" in first.stdout and (tmp_path / "rows_per_request.png").stat().st_size > 0
+    again = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert again.returncode == 0 and "clients, run" not in again.stdout  # nothing run again
+    assert json.loads((tmp_path / "results.json").read_text())["cells"] == cells
+
+
+class _FailingBatchEngine:
+    """A fake batched engine whose first step fails; each later step ends every request with "a"."""
+
+    max_batch = 4
+
+    def __init__(self) -> None:
+        self.running, self.steps, self.resets = [], 0, 0
+
+    def join(self, request: GenerationRequest):
+        from types import SimpleNamespace
+
+        running = SimpleNamespace(prompt_tokens=1, max_new_tokens=2)
+        self.running.append(running)
+        return running
+
+    def step(self):
+        self.steps += 1
+        if self.steps == 1:
+            raise RuntimeError("the step failed")
+        result = GenerationResult(text="a", token_ids=[5], stats=DecodeStats(), finish_reason="length")
+        updates, self.running = [(running, "a", result) for running in self.running], []
+        return updates
+
+    def drop(self, running) -> None:
+        pass
+
+    def reset(self) -> None:
+        self.resets += 1
+        self.running = []
+
+
+def test_a_failed_batch_step_fails_its_requests_and_the_next_ones_run():
+    engine = _FailingBatchEngine()
+
+    async def scenario() -> tuple[list, list]:
+        scheduler = BatchScheduler(engine, max_queue=4)
+        scheduler.start()
+        failed = [type(event) async for event in scheduler.submit(_request("first"))]
+        served = [type(event) async for event in scheduler.submit(_request("second"))]
+        assert scheduler.stop()
+        return failed, served
+
+    failed, served = asyncio.run(scenario())
+    assert failed == [Started, Failed] and engine.resets == 1
+    assert served == [Started, Chunk, Finished]
 
 
 def test_engine_never_imports_the_server():

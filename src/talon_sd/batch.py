@@ -231,6 +231,8 @@ class BatchDecoder:
         self.groups: dict[int, _DraftGroup] = {}  # id(draft model) -> its requests' draft caches
         self.verify_cost = CostCurve()  # rows verified in all -> seconds of the batched target forward
         self.draft_cost = CostCurve()  # rows in a batched draft-LM forward -> seconds
+        self.rest_cost = CostCurve()  # requests drafting -> seconds of a step outside those forwards
+        self._forward_seconds = 0.0  # this step's seconds in batched draft forwards
         self.last_sizes: dict[int, int] = {}  # id(request) -> its last tree's size
 
     def add(self, pipeline: Pipeline, prompt_ids: torch.Tensor, stop: StopCondition, stats: DecodeStats) -> Request:
@@ -273,6 +275,8 @@ class BatchDecoder:
     def step(self) -> list[tuple[Request, list[int]]]:
         """One verify step for every request: ``(request, tokens it committed, cut at its stop)`` each."""
         requests = list(self.requests)
+        step_started = time.perf_counter()
+        self._forward_seconds = 0.0
         trees = self._draft(requests)  # each request's own drafter and budget, draft LMs batched
         started = time.perf_counter()
         capture = sorted({layer for request in requests for layer in request.capture})
@@ -297,6 +301,8 @@ class BatchDecoder:
                 if request.stop.done(token):
                     break
             committed.append((request, kept))
+        rest = time.perf_counter() - step_started - verify_seconds - self._forward_seconds
+        self.rest_cost.add(sum(tree.size > 1 for tree in trees), rest)
         for request, _ in committed:
             if request.stop.reason is not None:
                 self.remove(request)
@@ -306,7 +312,9 @@ class BatchDecoder:
         """Each request's budget this step: its controller's, but where two or more requests have an online budget
         that has learned what trees accept, the batch shares one verify budget among those requests
         (:func:`share_budget`; their own exploration steps are not taken: a probe of one request pads every
-        request's rows), priced by what the batch measured: seconds by rows computed (padded, R x the largest)."""
+        request's rows), priced by what the batch measured: seconds by rows computed (padded, R x the largest),
+        and for a request that drafts after plain steps its draft LM's catch-up, paid back over the coming tokens
+        as its own controller charges it (:meth:`~talon_sd.control.BudgetController.rates`)."""
         plans = [request.plan_step() for request in requests]
         tables = {i: requests[i].pipeline.controller.expected_tokens()
                   for i, plan in enumerate(plans) if plan is not None}
@@ -316,10 +324,16 @@ class BatchDecoder:
         other_sizes = [plan.budget if plan is not None else self.last_sizes.get(id(request), 1)
                        for i, (request, plan) in enumerate(zip(requests, plans)) if i not in shared]
         controllers = [requests[i].pipeline.controller for i in shared]
-        budgets = share_budget([tables[i] for i in shared],
-                               lambda budgets: step_seconds(budgets, controllers, other_sizes, self.verify_cost,
-                                                            self.draft_cost))
-        for i, budget in zip(shared, budgets):
+        charges = [catch_up_charge(requests[i]) for i in shared]  # seconds per committed token, when drafting
+        shared_tables = [tables[i] for i in shared]
+
+        def seconds(budgets: list[int]) -> float:
+            catch_up = sum(charge * table[budget] for charge, table, budget in zip(charges, shared_tables, budgets)
+                           if budget > 1)
+            return step_seconds(budgets, controllers, other_sizes, self.verify_cost, self.draft_cost,
+                                self.rest_cost) + catch_up
+
+        for i, budget in zip(shared, share_budget(shared_tables, seconds)):
             requests[i].plan = StepPlan(budget=budget, reason="choice")
 
     def _draft(self, requests: list[Request]) -> list[DraftTree]:
@@ -363,6 +377,7 @@ class BatchDecoder:
         output, width = group.cache.forward(group.lm, queries)
         logits = output.logits.float()  # [R, T, V_draft]
         seconds = time.perf_counter() - started
+        self._forward_seconds += seconds
         self.draft_cost.add(len(queries) * max(len(q[0]) for q in queries if q is not None), seconds)
         group.cache.commit(width, [list(range(len(q[0]))) if q is not None else [] for q in queries])
         answers = {}
@@ -377,12 +392,13 @@ class BatchDecoder:
 
 
 def step_seconds(budgets: list[int], controllers: list, other_sizes: list[int], verify_cost: CostCurve,
-                 draft_cost: CostCurve) -> float:
+                 draft_cost: CostCurve, rest_cost: CostCurve | None = None) -> float:
     """Expected seconds of a batched step where request i (``controllers[i]``'s) gets ``budgets[i]`` and the rest of
     the batch trees of ``other_sizes``. Rows are padded to the largest tree, so the target computes R x the largest
     rows; the draft LM runs as many lockstep forwards as the request needing most, each over R x the widest
     request's rows of a forward, as each controller saw its budget's trees forward
-    (:meth:`talon_sd.control.Value.shape`; ``log2(budget)`` forwards where unseen)."""
+    (:meth:`talon_sd.control.Value.shape`; ``log2(budget)`` forwards where unseen); the rest of the step (tree
+    building, each request's acceptance and cache upkeep: ``rest_cost``) by how many requests draft."""
     sizes = list(budgets) + list(other_sizes)
     forwards, width = 0.0, 0.0
     for controller, budget in zip(controllers, budgets):
@@ -392,7 +408,19 @@ def step_seconds(budgets: list[int], controllers: list, other_sizes: list[int], 
             forwards = max(forwards, count)
             width = max(width, sum(w * n for w, n in widths.items()) / count)
     draft = forwards * draft_cost(len(sizes) * width) if forwards else 0.0
-    return verify_cost(len(sizes) * max(sizes)) + draft
+    rest = rest_cost(sum(size > 1 for size in sizes)) if rest_cost is not None and rest_cost.samples else 0.0
+    return verify_cost(len(sizes) * max(sizes)) + draft + rest
+
+
+def catch_up_charge(request: Request) -> float:
+    """Seconds per committed token that drafting this step adds for ``request``'s draft catch-up: the catch-up's
+    seconds spread over the coming tokens (its controller's horizon, or fewer where fewer are left)."""
+    drafter, controller = request.pipeline.drafter, request.pipeline.controller
+    tokens = drafter.catch_up_tokens if drafter is not None else 0
+    if not tokens:
+        return 0.0
+    left = max(request.stop.max_new_tokens - len(request.stop.tokens), 1)
+    return controller.catch_up_seconds(tokens) / min(left, controller.settings.horizon)
 
 
 def decode_batch(target: CausalLM, requests: Iterable[tuple[Pipeline, torch.Tensor, StopCondition, DecodeStats]]):

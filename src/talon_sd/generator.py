@@ -61,6 +61,55 @@ class GenerationResult:
                 "stop_reason": self.stop_reason, "stats": self.stats.to_dict()}
 
 
+@dataclass(frozen=True)
+class PreparedRequest:
+    """One checked call (:meth:`SpeculativeGenerator.prepare`): what :func:`talon_sd.decoding.decode` or a
+    :class:`talon_sd.batch.BatchDecoder` runs, and the key its controller is remembered under."""
+
+    pipeline: Pipeline
+    prompt_ids: torch.Tensor  # [L]
+    stop: StopCondition
+    stats: DecodeStats
+    key: tuple[str, str, bool]  # (method, drafter, sampled)
+
+
+class TextAssembler:
+    """One request's text as its tokens come, detokenized incrementally: each token's text is the decode of a few
+    tokens before it and itself, less the decode of those few (so a token's leading space is right), held back
+    while it ends in an incomplete UTF-8 sequence or may begin a stop string. The result's text is one decode of
+    all the tokens. ``push`` returns the new text safe to show ('' if none); ``finish`` the rest and the result."""
+
+    def __init__(self, decode, stop: StopCondition, result) -> None:
+        self._decode, self._stop, self._result = decode, stop, result
+        self.token_ids: list[int] = []
+        self._text = self._emitted = ""  # the text so far, and what of it was returned
+        self._prefix = self._read = 0  # token_ids[prefix:read] are the context whose text is already in _text
+
+    def push(self, token: int) -> str:
+        token_ids = self.token_ids
+        token_ids.append(token)
+        known, grown = self._decode(token_ids[self._prefix:self._read]), self._decode(token_ids[self._prefix:])
+        if grown.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
+            return ""
+        if grown.startswith(known):
+            self._text += grown[len(known):]
+        else:  # the tokenizer rewrote the context's text (e.g. spaces cleaned up): decode it all once
+            self._text = self._decode(token_ids)
+        self._prefix, self._read = max(self._read - 4, 0), len(token_ids)
+        stop_strings = self._stop.stop_strings
+        cut = _cut_at_stop(self._text, stop_strings)
+        safe = len(cut) - _stop_prefix_length(cut, stop_strings)  # hold back a possible stop string
+        if safe > len(self._emitted) and cut.startswith(self._emitted):
+            new, self._emitted = cut[len(self._emitted):safe], cut[:safe]
+            return new
+        return ""
+
+    def finish(self, stats: DecodeStats) -> "tuple[str, GenerationResult]":
+        result = self._result(self.token_ids, stats, self._stop)
+        rest = result.text[len(self._emitted):] if result.text.startswith(self._emitted) else ""
+        return rest, result
+
+
 @dataclass
 class TextStream:
     """Iterates over text chunks as tokens are committed; ``result`` is set once it is exhausted."""
@@ -291,6 +340,19 @@ class SpeculativeGenerator:
         tokens = decode(pipeline, prompt_ids, stop, stats)
         return self._remember_controller(tokens, pipeline.controller, key), stats, stop
 
+    def prepare(self, prompt: Prompt = None, **options) -> "PreparedRequest":
+        """One call's parts, every argument checked as :meth:`generate` checks them, nothing run yet: what a caller
+        that drives :class:`talon_sd.batch.BatchDecoder` itself (the server) needs. Give the controller back with
+        :meth:`remember` when the request ends, as :meth:`generate` does."""
+        return PreparedRequest(*self._request(prompt, options))
+
+    def remember(self, request: "PreparedRequest") -> None:
+        """Start the next auto-budget calls of ``request``'s kind from what its controller learned."""
+        controller = request.pipeline.controller
+        if controller is not None and controller.verify.samples:
+            with self._lock:
+                self._learned[request.key] = controller
+
     def _request(self, prompt: Prompt, options: dict):
         """(pipeline, prompt ids, stop condition, stats, controller key) of one call, every argument checked."""
         options = dict(options)
@@ -398,34 +460,22 @@ class SpeculativeGenerator:
             return {key: controller.choice for key, controller in self._learned.items()}
 
     def _chunks(self, tokens: Iterator[int], stats: DecodeStats, stream: TextStream, stop: StopCondition) -> Iterator[str]:
-        """Text chunks as tokens come, detokenized incrementally: each token's text is the decode of a few tokens
-        before it and itself, less the decode of those few (so a token's leading space is right), held back while
-        it ends in an incomplete UTF-8 sequence or may begin a stop string. The result's text is one decode of all."""
-        token_ids: list[int] = []
-        text, emitted = "", ""  # the text so far, and what of it was yielded
-        prefix = read = 0  # token_ids[prefix:read] are the context whose text is already in ``text``
+        """Text chunks as tokens come (:class:`TextAssembler`); ``stream.result`` is set at the end."""
+        assembler = self.text_assembler(stop)
         try:
             for token in tokens:
-                token_ids.append(token)
-                known, grown = self._decode(token_ids[prefix:read]), self._decode(token_ids[prefix:])
-                if grown.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
-                    continue
-                if grown.startswith(known):
-                    text += grown[len(known):]
-                else:  # the tokenizer rewrote the context's text (e.g. spaces cleaned up): decode it all once
-                    text = self._decode(token_ids)
-                prefix, read = max(read - 4, 0), len(token_ids)
-                cut = _cut_at_stop(text, stop.stop_strings)
-                safe = len(cut) - _stop_prefix_length(cut, stop.stop_strings)  # hold back a possible stop string
-                if safe > len(emitted) and cut.startswith(emitted):
-                    yield cut[len(emitted):safe]
-                    emitted = cut[:safe]
+                text = assembler.push(token)
+                if text:
+                    yield text
         finally:
             tokens.close()
-        result = self._result(token_ids, stats, stop)
-        if len(result.text) > len(emitted) and result.text.startswith(emitted):
-            yield result.text[len(emitted):]
-        stream.result = result
+        rest, stream.result = assembler.finish(stats)
+        if rest:
+            yield rest
+
+    def text_assembler(self, stop: StopCondition) -> "TextAssembler":
+        """An incremental detokenizer for one request's tokens (what :meth:`stream` and the server emit)."""
+        return TextAssembler(self._decode, stop, self._result)
 
     def _result(self, token_ids: list[int], stats: DecodeStats, stop: StopCondition) -> GenerationResult:
         return GenerationResult(text=_cut_at_stop(self._decode(token_ids), stop.stop_strings), token_ids=token_ids,

@@ -5,11 +5,13 @@ several apps can live in one process).
     talon_requests_finished_total{finish_reason} completed generations (stop | length)
     talon_requests_cancelled_total              generations stopped because the client went away
     talon_queue_length                          requests waiting (the running one not counted)
-    talon_running_requests                      0 or 1: the engine is batch 1
+    talon_running_requests                      requests being generated (in the batch)
     talon_time_to_first_token_seconds           arrival (queue time included) to the first text chunk
     talon_time_per_output_token_seconds         (last chunk - first chunk) / (completion tokens - 1)
     talon_prompt_tokens_total, talon_generated_tokens_total
-    talon_verify_steps_total                    target forwards (the prefill not counted)
+    talon_verify_steps_total                    verify steps of completed requests (a batched forward counts once
+                                                per request in it; the prefill not counted)
+    talon_verified_rows_total                   tree nodes those steps verified (a plain step: 1)
     talon_draft_forwards_total
     talon_accepted_tokens_per_step              tokens committed per verify step, bonus token included
                                                 (its mean is MAT)
@@ -44,7 +46,7 @@ class ServerMetrics:
         self.cancelled = Counter("talon_requests_cancelled", "Generations stopped because the client went away",
                                  registry=registry)
         self.queue_length = Gauge("talon_queue_length", "Requests waiting in the FIFO queue", registry=registry)
-        self.running = Gauge("talon_running_requests", "Requests being generated (batch 1: 0 or 1)",
+        self.running = Gauge("talon_running_requests", "Requests being generated (in the batch)",
                              registry=registry)
         self.time_to_first_token = Histogram("talon_time_to_first_token_seconds",
                                              "Arrival (queue included) to the first text chunk",
@@ -56,6 +58,7 @@ class ServerMetrics:
         self.generated_tokens = Counter("talon_generated_tokens", "Completion tokens of completed requests",
                                         registry=registry)
         self.verify_steps = Counter("talon_verify_steps", "Target forwards over a draft tree", registry=registry)
+        self.verified_rows = Counter("talon_verified_rows", "Tree nodes verified by those steps", registry=registry)
         self.draft_forwards = Counter("talon_draft_forwards", "Draft model forwards", registry=registry)
         self.accepted_per_step = Histogram("talon_accepted_tokens_per_step",
                                            "Tokens committed per verify step, bonus token included (mean = MAT)",
@@ -87,6 +90,7 @@ class ServerMetrics:
         self.prompt_tokens.inc(stats["prompt_tokens"])
         self.generated_tokens.inc(completion_tokens)
         self.verify_steps.inc(stats["target_forwards"])
+        self.verified_rows.inc(sum(result.stats.tree_sizes))
         self.draft_forwards.inc(stats["draft_forwards"])
         for accepted, steps in stats["accepted_length_hist"].items():
             for _ in range(steps):

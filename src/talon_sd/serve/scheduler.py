@@ -1,6 +1,7 @@
-"""A FIFO queue served by one worker thread that owns the engine (batch 1).
+"""A FIFO queue served by one worker thread that owns the engine: one request at a time
+(:class:`FifoScheduler`), or up to ``max_batch`` together with continuous batching (:class:`BatchScheduler`).
 
-The interface the HTTP layer sees, and all a batched engine has to provide to replace this one::
+The interface the HTTP layer sees, the same for both::
 
     ticket = scheduler.submit(request)    # on the event loop; raises QueueFull when the queue is full
     async for event in ticket: ...        # Started, then Chunk..., then Finished | Failed | Cancelled
@@ -12,8 +13,11 @@ The event loop therefore never waits on a forward.
 
 Cancellation: a cancelled ticket still in the queue is removed from it at once; a running one is
 stopped by the worker, which checks the flag after every text chunk (at most one verify step of
-work) and then closes the library's stream, releasing its caches. ``max_queue`` counts the requests
-waiting, not the one running.
+work) and then releases its caches. ``max_queue`` counts the requests waiting, not the running ones.
+
+Continuous batching: between two verify steps of the batch the worker takes at most one waiting request
+into it (its prefill is the only pause the running requests see: prefills are bounded to one a step),
+drops the cancelled ones, then runs the step and hands every request its new text.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, AsyncIterator
 
 from ..generator import GenerationResult
-from .engine import BatchOneEngine, GenerationRequest
+from .engine import BatchedEngine, BatchOneEngine, GenerationRequest, Running
 
 if TYPE_CHECKING:
     from .metrics import ServerMetrics
@@ -128,7 +132,7 @@ class FifoScheduler:
         self._waiting: deque[Ticket] = deque()
         self._condition = threading.Condition()
         self._stopping = False
-        self._running: Ticket | None = None
+        self._running: list[Ticket] = []
         self._numbers = itertools.count(1)
         self._thread = threading.Thread(target=self._work, name="talon-worker", daemon=True)
 
@@ -155,13 +159,13 @@ class FifoScheduler:
         with self._condition:
             self._stopping = True
             waiting, self._waiting = list(self._waiting), deque()
-            running = self._running
+            running = list(self._running)
             self._report_queue()
             self._condition.notify_all()
         for ticket in waiting:
             ticket.emit(Failed(ShuttingDown("the server is shutting down")))
-        if running is not None:
-            running.cancel()
+        for ticket in running:
+            ticket.cancel()
         if self._thread.is_alive():
             self._thread.join(timeout)
         return not self._thread.is_alive()
@@ -190,7 +194,7 @@ class FifoScheduler:
 
     def _report_queue(self) -> None:
         if self.metrics is not None:
-            self.metrics.observe_queue(len(self._waiting), int(self._running is not None))
+            self.metrics.observe_queue(len(self._waiting), len(self._running))
 
     # ------------------------------------------------------------------ worker side
     def _work(self) -> None:
@@ -200,7 +204,8 @@ class FifoScheduler:
                     self._condition.wait()
                 if self._stopping:
                     return
-                ticket = self._running = self._waiting.popleft()
+                ticket = self._waiting.popleft()
+                self._running = [ticket]
                 self._report_queue()
             try:
                 self._serve(ticket)
@@ -209,7 +214,7 @@ class FifoScheduler:
                 ticket.emit(Failed(error))
             finally:
                 with self._condition:
-                    self._running = None
+                    self._running = []
                     self._report_queue()
 
     def _serve(self, ticket: Ticket) -> None:
@@ -237,8 +242,110 @@ class FifoScheduler:
         if ticket.cancelled or result is None:
             self._end_cancelled(ticket)
             return
+        self._finish(ticket, result, first_chunk)
+
+    def _finish(self, ticket: Ticket, result: GenerationResult, first_chunk: float | None) -> None:
         finished = time.perf_counter()
         ticket.emit(Finished(result))
         if self.metrics is not None:
             self.metrics.observe_finished(result, queued_at=ticket.submitted, first_chunk_at=first_chunk,
                                           finished_at=finished)
+
+
+class BatchScheduler(FifoScheduler):
+    """First in, first out into a batch of up to ``engine.max_batch`` requests (continuous batching, see the
+    module docstring); the event-loop side is :class:`FifoScheduler`'s."""
+
+    engine: BatchedEngine
+
+    def __init__(self, engine: BatchedEngine, max_queue: int, metrics: "ServerMetrics | None" = None) -> None:
+        super().__init__(engine, max_queue, metrics)
+        self._batch: dict[Ticket, Running] = {}  # worker side: the tickets in the batch
+        self._first_chunk: dict[Ticket, float] = {}
+
+    def _work(self) -> None:
+        while True:
+            with self._condition:
+                while not self._waiting and not self._batch and not self._stopping:
+                    self._condition.wait()
+                if self._stopping:
+                    break
+                ticket = None
+                if self._waiting and len(self._batch) < self.engine.max_batch:
+                    ticket = self._waiting.popleft()
+                    self._running.append(ticket)
+                    self._report_queue()
+            if ticket is not None:
+                self._join(ticket)
+            self._drop_cancelled()
+            if self._batch:
+                self._step()
+        for ticket in list(self._batch):  # shutting down: the running requests end as cancelled ones do
+            self._leave(ticket)
+            self._end_cancelled(ticket)
+
+    def _join(self, ticket: Ticket) -> None:
+        if ticket.cancelled:
+            self._leave(ticket)
+            self._end_cancelled(ticket)
+            return
+        try:
+            self._batch[ticket] = self.engine.join(ticket.request)
+        except ValueError as error:  # TalonError and friends: the client's mistake
+            self._leave(ticket)
+            ticket.emit(Failed(error))
+            return
+        except Exception as error:  # noqa: BLE001 - reported to the client as a server error
+            LOG.exception("request %d failed", ticket.number)
+            self._fail_all(error, ticket)
+            return
+        running = self._batch[ticket]
+        ticket.emit(Started(running.prompt_tokens, running.max_new_tokens))
+
+    def _drop_cancelled(self) -> None:
+        for ticket in [ticket for ticket in self._batch if ticket.cancelled]:
+            self._leave(ticket)
+            self._end_cancelled(ticket)
+
+    def _step(self) -> None:
+        tickets = {id(running): ticket for ticket, running in self._batch.items()}
+        try:
+            updates = self.engine.step()
+        except Exception as error:  # noqa: BLE001 - every request of the batch fails with it
+            LOG.exception("a batched step failed")
+            self._fail_all(error)
+            return
+        now = time.perf_counter()
+        for running, text, result in updates:
+            ticket = tickets[id(running)]
+            if text:
+                self._first_chunk.setdefault(ticket, now)
+                ticket.emit(Chunk(text))
+            if result is not None:
+                first_chunk = self._first_chunk.get(ticket)
+                self._leave(ticket)
+                self._finish(ticket, result, first_chunk)
+
+    def _leave(self, ticket: Ticket) -> None:
+        """Take ``ticket`` out of the batch (its caches released) and out of the running list."""
+        running = self._batch.pop(ticket, None)
+        if running is not None:
+            self.engine.drop(running)
+        self._first_chunk.pop(ticket, None)
+        with self._condition:
+            if ticket in self._running:
+                self._running.remove(ticket)
+            self._report_queue()
+
+    def _fail_all(self, error: Exception, *more: Ticket) -> None:
+        """An engine failure: every request in the batch (and ``more``) fails with it; the batch starts afresh."""
+        for ticket in list(self._batch) + list(more):
+            self._batch.pop(ticket, None)
+            self._first_chunk.pop(ticket, None)
+            with self._condition:
+                if ticket in self._running:
+                    self._running.remove(ticket)
+            ticket.emit(Failed(error))
+        self.engine.reset()
+        with self._condition:
+            self._report_queue()
