@@ -119,6 +119,23 @@ def test_remove_leaves_the_others_intact(llama_pair):
         assert outputs[id(requests[i])] == plain_greedy(target, PROMPTS[i], 24)
 
 
+def test_a_request_that_fails_to_start_leaves_the_batch_as_it_was(llama_pair):
+    target, draft = llama_pair
+    tree = TreeConfig("talon", budget=8, topk=2)
+    decoder = BatchDecoder(CausalLM(target))
+    running = decoder.add(*request_parts(target, "model", draft, tree, PROMPTS[0], 24))
+    outputs = [token for _, tokens in decoder.step() for token in tokens]
+    pipeline, _, stop, stats = request_parts(target, "model", draft, tree, PROMPTS[1], 24)
+    with pytest.raises(Exception):
+        decoder.add(pipeline, torch.tensor([], dtype=torch.long), stop, stats)  # no prompt: its prefill fails
+    assert decoder.requests == [running] and len(decoder.cache.lengths) == 1
+    assert [len(group.rows) for group in decoder.groups.values()] == [1]  # no orphan draft row
+    assert isinstance(pipeline.drafter.lm, CausalLM)
+    while decoder.requests:
+        outputs += [token for _, tokens in decoder.step() for token in tokens]
+    assert outputs == plain_greedy(target, PROMPTS[0], 24)
+
+
 def test_batch_refuses_another_target(llama_pair, qwen_pair):
     decoder = BatchDecoder(CausalLM(llama_pair[0]))
     with pytest.raises(TalonError, match="pipeline"):
@@ -260,21 +277,3 @@ def test_step_seconds_prices_rows_and_lockstep_forwards():
     # two trees of 16: 32 rows verified; log2(16) = 4 lockstep forwards of 2 x 15 / 4 rows each
     assert step_seconds([16, 16], fresh, [], verify, draft) == pytest.approx(3.2 + 4 * 0.01 * 7.5)
 
-
-def test_step_seconds_adds_the_rest_of_a_step_by_requests_drafting():
-    """The seconds a batch measured outside its forwards (tree building, acceptance, cache upkeep) priced by how many
-    requests draft: all plain pays the plain steps' rest, two trees the rest measured with two drafting."""
-    from talon_sd.batch import step_seconds
-    from talon_sd.control import BudgetController, CostCurve
-
-    verify, draft, rest = CostCurve(), CostCurve(), CostCurve()
-    for rows in (1, 2, 4, 8, 16, 32):
-        verify.add(rows, 0.1)
-        draft.add(rows, 0.01)
-    fresh = [BudgetController(), BudgetController()]
-    assert step_seconds([1, 1], fresh, [], verify, draft, rest) == pytest.approx(0.1)  # nothing measured: no rest
-    rest.add(0, 0.02)
-    rest.add(2, 0.12)
-    assert step_seconds([1, 1], fresh, [], verify, draft, rest) == pytest.approx(0.12)
-    assert step_seconds([2, 1], fresh, [], verify, draft, rest) == pytest.approx(0.1 + 0.01 + 0.07)  # 1 drafting
-    assert step_seconds([2, 2], fresh, [], verify, draft, rest) == pytest.approx(0.1 + 0.01 + 0.12)

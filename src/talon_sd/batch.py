@@ -231,8 +231,6 @@ class BatchDecoder:
         self.groups: dict[int, _DraftGroup] = {}  # id(draft model) -> its requests' draft caches
         self.verify_cost = CostCurve()  # rows verified in all -> seconds of the batched target forward
         self.draft_cost = CostCurve()  # rows in a batched draft-LM forward -> seconds
-        self.rest_cost = CostCurve()  # requests drafting -> seconds of a step outside those forwards
-        self._forward_seconds = 0.0  # this step's seconds in batched draft forwards
         self.last_sizes: dict[int, int] = {}  # id(request) -> its last tree's size
 
     def add(self, pipeline: Pipeline, prompt_ids: torch.Tensor, stop: StopCondition, stats: DecodeStats) -> Request:
@@ -240,9 +238,11 @@ class BatchDecoder:
         if pipeline.target.model is not self.target.model:
             raise TalonError("pipeline: its target is not the batch's target model")
         drafter = pipeline.drafter
-        if isinstance(drafter, ModelDrafter):
-            if drafter.lm.layout.has_sliding:
-                raise TalonError("draft: sliding-window attention layers are not supported in batched decoding")
+        if isinstance(drafter, ModelDrafter) and drafter.lm.layout.has_sliding:
+            raise TalonError("draft: sliding-window attention layers are not supported in batched decoding")
+        request = Request(pipeline, stop, stats)
+        request.start(prompt_ids)  # the target's prefill, alone; the draft LM's prompt waits for its first forward
+        if isinstance(drafter, ModelDrafter):  # nothing of the batch changed before this point
             if id(drafter.lm.model) not in self.groups:
                 self.groups[id(drafter.lm.model)] = _DraftGroup(drafter.lm)
             group = self.groups[id(drafter.lm.model)]
@@ -253,8 +253,6 @@ class BatchDecoder:
         if controller is not None and not self.verify_cost.points() and controller.verify.samples:
             self.verify_cost = CostCurve(prior=controller.verify.medians())  # one request's tree ~ rows in all
             self.draft_cost = CostCurve(prior=controller.draft.medians())
-        request = Request(pipeline, stop, stats)
-        request.start(prompt_ids)
         self.cache.add(pipeline.target.cache)
         self.requests.append(request)
         return request
@@ -275,8 +273,6 @@ class BatchDecoder:
     def step(self) -> list[tuple[Request, list[int]]]:
         """One verify step for every request: ``(request, tokens it committed, cut at its stop)`` each."""
         requests = list(self.requests)
-        step_started = time.perf_counter()
-        self._forward_seconds = 0.0
         trees = self._draft(requests)  # each request's own drafter and budget, draft LMs batched
         started = time.perf_counter()
         capture = sorted({layer for request in requests for layer in request.capture})
@@ -301,8 +297,6 @@ class BatchDecoder:
                 if request.stop.done(token):
                     break
             committed.append((request, kept))
-        rest = time.perf_counter() - step_started - verify_seconds - self._forward_seconds
-        self.rest_cost.add(sum(tree.size > 1 for tree in trees), rest)
         for request, _ in committed:
             if request.stop.reason is not None:
                 self.remove(request)
@@ -330,8 +324,7 @@ class BatchDecoder:
         def seconds(budgets: list[int]) -> float:
             catch_up = sum(charge * table[budget] for charge, table, budget in zip(charges, shared_tables, budgets)
                            if budget > 1)
-            return step_seconds(budgets, controllers, other_sizes, self.verify_cost, self.draft_cost,
-                                self.rest_cost) + catch_up
+            return step_seconds(budgets, controllers, other_sizes, self.verify_cost, self.draft_cost) + catch_up
 
         for i, budget in zip(shared, share_budget(shared_tables, seconds)):
             requests[i].plan = StepPlan(budget=budget, reason="choice")
@@ -377,7 +370,6 @@ class BatchDecoder:
         output, width = group.cache.forward(group.lm, queries)
         logits = output.logits.float()  # [R, T, V_draft]
         seconds = time.perf_counter() - started
-        self._forward_seconds += seconds
         self.draft_cost.add(len(queries) * max(len(q[0]) for q in queries if q is not None), seconds)
         group.cache.commit(width, [list(range(len(q[0]))) if q is not None else [] for q in queries])
         answers = {}
@@ -392,13 +384,12 @@ class BatchDecoder:
 
 
 def step_seconds(budgets: list[int], controllers: list, other_sizes: list[int], verify_cost: CostCurve,
-                 draft_cost: CostCurve, rest_cost: CostCurve | None = None) -> float:
+                 draft_cost: CostCurve) -> float:
     """Expected seconds of a batched step where request i (``controllers[i]``'s) gets ``budgets[i]`` and the rest of
     the batch trees of ``other_sizes``. Rows are padded to the largest tree, so the target computes R x the largest
     rows; the draft LM runs as many lockstep forwards as the request needing most, each over R x the widest
     request's rows of a forward, as each controller saw its budget's trees forward
-    (:meth:`talon_sd.control.Value.shape`; ``log2(budget)`` forwards where unseen); the rest of the step (tree
-    building, each request's acceptance and cache upkeep: ``rest_cost``) by how many requests draft."""
+    (:meth:`talon_sd.control.Value.shape`; ``log2(budget)`` forwards where unseen)."""
     sizes = list(budgets) + list(other_sizes)
     forwards, width = 0.0, 0.0
     for controller, budget in zip(controllers, budgets):
@@ -408,8 +399,7 @@ def step_seconds(budgets: list[int], controllers: list, other_sizes: list[int], 
             forwards = max(forwards, count)
             width = max(width, sum(w * n for w, n in widths.items()) / count)
     draft = forwards * draft_cost(len(sizes) * width) if forwards else 0.0
-    rest = rest_cost(sum(size > 1 for size in sizes)) if rest_cost is not None and rest_cost.samples else 0.0
-    return verify_cost(len(sizes) * max(sizes)) + draft + rest
+    return verify_cost(len(sizes) * max(sizes)) + draft
 
 
 def catch_up_charge(request: Request) -> float:

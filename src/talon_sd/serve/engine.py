@@ -119,7 +119,7 @@ def _options(request: GenerationRequest, max_new_tokens: int) -> dict:
                 ignore_eos=request.ignore_eos, tree=request.tree)
 
 
-@dataclass
+@dataclass(eq=False)
 class Running:
     """A request in the batch: its parts, the batch's handle on it, and its text so far."""
 

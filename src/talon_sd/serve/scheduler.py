@@ -275,11 +275,15 @@ class BatchScheduler(FifoScheduler):
                     ticket = self._waiting.popleft()
                     self._running.append(ticket)
                     self._report_queue()
-            if ticket is not None:
-                self._join(ticket)
-            self._drop_cancelled()
-            if self._batch:
-                self._step()
+            try:
+                if ticket is not None:
+                    self._join(ticket)
+                self._drop_cancelled()
+                if self._batch:
+                    self._step()
+            except Exception as error:  # noqa: BLE001 - outside the engine's own calls: fail the batch, go on
+                LOG.exception("the batch worker failed")
+                self._fail_all(error)
         for ticket in list(self._batch):  # shutting down: the running requests end as cancelled ones do
             self._leave(ticket)
             self._end_cancelled(ticket)
@@ -346,6 +350,9 @@ class BatchScheduler(FifoScheduler):
                 if ticket in self._running:
                     self._running.remove(ticket)
             ticket.emit(Failed(error))
-        self.engine.reset()
+        try:
+            self.engine.reset()
+        except Exception:  # noqa: BLE001 - the next join finds the batch as it is
+            LOG.exception("the batch could not be reset")
         with self._condition:
             self._report_queue()
