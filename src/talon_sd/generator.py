@@ -310,11 +310,12 @@ class SpeculativeGenerator:
             mine = {k: v[i] if isinstance(v, list) and k != "stop" else v for k, v in options.items()}
             if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(t, int) for t in prompt):
                 prompt, mine["input_ids"] = None, prompt
-            requests.append(self._request(prompt, mine))  # every request checked before any decoding
+            requests.append(self.prepare(prompt, **mine))  # every request checked before any decoding
         token_ids: list[list[int]] = [[] for _ in requests]
-        for index, token in decode_batch(CausalLM(self.target_model, role="target"), [r[:4] for r in requests]):
+        parts = [(r.pipeline, r.prompt_ids, r.stop, r.stats) for r in requests]
+        for index, token in decode_batch(CausalLM(self.target_model, role="target"), parts):
             token_ids[index].append(token)
-        return [self._result(ids, stats, stop) for ids, (_, _, stop, stats, _) in zip(token_ids, requests)]
+        return [self._result(ids, r.stats, r.stop) for ids, r in zip(token_ids, requests)]
 
     def stream(self, prompt: Prompt = None, **options) -> TextStream:
         """Like :meth:`generate`, but returns a :class:`TextStream` of text chunks as tokens are committed.
@@ -334,27 +335,10 @@ class SpeculativeGenerator:
         """The prompt's token ids [L] as :meth:`generate` sees them (chat template applied when enabled)."""
         return self._prompt_ids(prompt, input_ids)
 
-    # ------------------------------------------------------------------ internals
-    def _tokens(self, prompt: Prompt, options: dict):
-        pipeline, prompt_ids, stop, stats, key = self._request(prompt, options)
-        tokens = decode(pipeline, prompt_ids, stop, stats)
-        return self._remember_controller(tokens, pipeline.controller, key), stats, stop
-
     def prepare(self, prompt: Prompt = None, **options) -> "PreparedRequest":
         """One call's parts, every argument checked as :meth:`generate` checks them, nothing run yet: what a caller
         that drives :class:`talon_sd.batch.BatchDecoder` itself (the server) needs. Give the controller back with
         :meth:`remember` when the request ends, as :meth:`generate` does."""
-        return PreparedRequest(*self._request(prompt, options))
-
-    def remember(self, request: "PreparedRequest") -> None:
-        """Start the next auto-budget calls of ``request``'s kind from what its controller learned."""
-        controller = request.pipeline.controller
-        if controller is not None and controller.verify.samples:
-            with self._lock:
-                self._learned[request.key] = controller
-
-    def _request(self, prompt: Prompt, options: dict):
-        """(pipeline, prompt ids, stop condition, stats, controller key) of one call, every argument checked."""
         options = dict(options)
         input_ids = options.pop("input_ids", None)
         tree = options.pop("tree", None)
@@ -378,7 +362,20 @@ class SpeculativeGenerator:
         controller = self._controller(tree_config, sampling, drafter_name)
         stats = DecodeStats(method=tree_config.label)
         pipeline = Pipeline(target, drafter, make_builder(tree_config), sampling, controller)
-        return pipeline, prompt_ids, stop, stats, (tree_config.method, drafter_name, not sampling.greedy)
+        return PreparedRequest(pipeline, prompt_ids, stop, stats, (tree_config.method, drafter_name, not sampling.greedy))
+
+    def remember(self, request: "PreparedRequest") -> None:
+        """Start the next auto-budget calls of ``request``'s kind from what its controller learned."""
+        controller = request.pipeline.controller
+        if controller is not None and controller.verify.samples:
+            with self._lock:
+                self._learned[request.key] = controller
+
+    # ------------------------------------------------------------------ internals
+    def _tokens(self, prompt: Prompt, options: dict):
+        request = self.prepare(prompt, **options)
+        tokens = decode(request.pipeline, request.prompt_ids, request.stop, request.stats)
+        return self._remember_controller(tokens, request), request.stats, request.stop
 
     def _stop_condition(self, prompt_ids: torch.Tensor, tree_config: TreeConfig, generation: GenerationConfig):
         """Checks the prompt against the target's and the draft's contexts; lowers max_new_tokens (with a
@@ -427,17 +424,14 @@ class SpeculativeGenerator:
                                       initial_budget=min(initial, 17) if tree_config.method == "chain" else initial)
         return BudgetController(settings, prior)
 
-    def _remember_controller(self, tokens: Iterator[int], controller: "BudgetController | None",
-                             key: tuple[str, str, bool]) -> Iterator[int]:
-        """Pass ``tokens`` through; afterwards keep the controller (its costs, acceptance samples and choice)
-        to start the next call with the same key: this machine's costs do not change between prompts,
-        and requests are often too short for a fresh controller to settle."""
+    def _remember_controller(self, tokens: Iterator[int], request: "PreparedRequest") -> Iterator[int]:
+        """Pass ``tokens`` through; afterwards keep the request's controller (:meth:`remember`: its costs, acceptance
+        samples and choice) to start the next call of its kind: this machine's costs do not change between
+        prompts, and requests are often too short for a fresh controller to settle."""
         try:
             yield from tokens
         finally:
-            if controller is not None and controller.verify.samples:
-                with self._lock:
-                    self._learned[key] = controller
+            self.remember(request)
 
     def controller_memory(self) -> dict:
         """A snapshot of what the next auto-budget calls start from (one carried controller per method,

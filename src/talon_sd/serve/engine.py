@@ -144,12 +144,11 @@ class BatchedEngine(BatchOneEngine):
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise bad_argument("max_batch", max_batch, "an integer >= 1")
         self.max_batch = max_batch
-        self.decoder = BatchDecoder(CausalLM(generator.target_model, role="target"))  # raises for sliding windows
-        self.running: list[Running] = []
+        self.reset()  # the BatchDecoder raises for a target with sliding windows
 
     def join(self, request: GenerationRequest) -> Running:
-        """Check ``request``, prefill it (target and draft) and add it to the batch. Raises :class:`TalonError` on a
-        bad request, before anything changes."""
+        """Check ``request``, prefill it (the target's cache; a draft LM catches up at its first drafted step) and add
+        it to the batch. Raises :class:`TalonError` on a bad request, before anything changes."""
         if len(self.running) >= self.max_batch:
             raise TalonError(f"max_batch: the batch already runs {self.max_batch} requests")
         prompt_ids, max_new_tokens = self._checked(request)
@@ -183,6 +182,6 @@ class BatchedEngine(BatchOneEngine):
             self.generator.remember(running.prepared)
 
     def reset(self) -> None:
-        """After an engine failure: a fresh batch (the failed one's requests are dropped)."""
-        self.running = []
+        """An empty batch (after an engine failure, the failed one's requests are dropped)."""
+        self.running: list[Running] = []
         self.decoder = BatchDecoder(CausalLM(self.generator.target_model, role="target"))
