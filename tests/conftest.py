@@ -11,8 +11,12 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from talon_sd import attention
+
 VOCAB = 96
 DEVICE = torch.device(os.environ.get("TALON_TEST_DEVICE", "cpu"))
+ATTENTION = "grouped" if DEVICE.type == "cpu" else "sdpa"  # what models.load_model picks by default
+attention.register()
 
 
 def tiny_model(kind: str = "llama", seed: int = 0, vocab: int = VOCAB, layers: int = 2):
@@ -24,7 +28,7 @@ def tiny_model(kind: str = "llama", seed: int = 0, vocab: int = VOCAB, layers: i
         bos_token_id=0, eos_token_id=1, pad_token_id=2, tie_word_embeddings=False,
     )
     config = LlamaConfig(**common) if kind == "llama" else Qwen2Config(**common, use_sliding_window=False)
-    config._attn_implementation = "sdpa"
+    config._attn_implementation = ATTENTION
     model = (LlamaForCausalLM if kind == "llama" else Qwen2ForCausalLM)(config)
     # Sharpen the output so that greedy continuations are structured (repeats, confident runs).
     with torch.no_grad():

@@ -25,9 +25,9 @@ COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidde
 WINDOW = 5
 
 
-def sharpened(model, attention: str = "sdpa"):
+def sharpened(model, attention: str = "sdpa", scale: float = 6.0):
     with torch.no_grad():
-        model.get_output_embeddings().weight.mul_(6.0)
+        model.get_output_embeddings().weight.mul_(scale)
     model.config._attn_implementation = attention
     return model.eval().requires_grad_(False)
 
@@ -62,12 +62,16 @@ def hf_greedy(model, prompt, count):
     return output[0, len(prompt):].tolist()
 
 
+@pytest.mark.parametrize("attention", ["built", "grouped"])
 @pytest.mark.parametrize("name", ["qwen2-mixed", "mistral-all-sliding", "gemma2-mixed"])
 @pytest.mark.parametrize("tree", [TreeConfig("talon", budget=12, topk=3), TreeConfig("eagle", budget=10, topk=3, depth=4),
                                   TreeConfig("chain", depth=4), TreeConfig("ar")], ids=lambda t: t.method)
-def test_sliding_window_models_match_hf_greedy(sliding, name, tree):
-    """The prompt and output are several windows long, so a mask or cache that ignored the window differs."""
-    target = sliding[name]
+def test_sliding_window_models_match_hf_greedy(sliding, name, tree, attention):
+    """The prompt and output are several windows long, so a mask or cache that ignored the window differs. Each model
+    runs with the attention it was built with (sdpa; eager for Gemma 2's softcap) and with talon_sd's grouped one."""
+    import copy
+
+    target = sliding[name] if attention == "built" else sharpened(copy.deepcopy(sliding[name]), attention, scale=1.0)
     prompt = [5, 17, 33, 8, 5, 17, 40, 41, 9, 3, 5, 17, 33]
     expected = hf_greedy(target, prompt, 30)
     assert expected == plain_greedy(target, prompt, 30)

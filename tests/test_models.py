@@ -202,7 +202,7 @@ def test_load_local_folder_is_ready_for_inference(tmp_path):
     assert not loaded.model.training
     assert not any(parameter.requires_grad for parameter in loaded.model.parameters())
     assert all(parameter.dtype is torch.bfloat16 for parameter in loaded.model.parameters())
-    assert loaded.model.config._attn_implementation == "sdpa"
+    assert loaded.model.config._attn_implementation == "grouped"  # the CPU default (talon_sd.attention)
     assert loaded.model.generation_config.eos_token_id == 1
     assert loaded.tokenizer("w3 w5").input_ids == [3, 5]
     assert loaded.tokenizer.chat_template == CHAT_TEMPLATE
@@ -273,7 +273,7 @@ def test_sdpa_refused_by_the_architecture_falls_back_to_eager(tmp_path, monkeypa
     folder = save_tiny_llama(tmp_path / "tiny", with_tokenizer=False)
     monkeypatch.setattr(LlamaForCausalLM, "_supports_sdpa", False)
     with pytest.warns(TalonWarning, match="^target: sdpa attention is not available .*using eager attention"):
-        loaded = load_model(str(folder), dtype="fp32", with_tokenizer=False)
+        loaded = load_model(str(folder), dtype="fp32", with_tokenizer=False, attn_implementation="sdpa")
     assert loaded.model.config._attn_implementation == "eager"
 
 

@@ -13,7 +13,7 @@ from conftest import VOCAB, plain_greedy, tiny_model
 from helpers import make_drafter, run
 from talon_sd.config import TreeConfig
 from talon_sd.quantize import (
-    GROUP_SIZE, Int4Linear, Int4Weight, Int8Linear, int4_from_float, int4_from_q4k, int8_from_float,
+    GROUP_SIZE, QUANTIZED_ROWS, Int4Linear, Int4Weight, Int8Linear, int4_from_float, int4_from_q4k, int8_from_float,
     quantize_linears,
 )
 
@@ -39,7 +39,7 @@ def test_q4k_blocks_become_int4_without_rounding():
     np.testing.assert_allclose(int4.dequantize().numpy(), expected, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("rows", [1, 3, 4, 9])
+@pytest.mark.parametrize("rows", [1, 2, 3, 9])
 def test_int4_and_int8_linears_compute_their_weights_product(rows):
     torch.manual_seed(0)
     weight, bias = torch.randn(96, 128), torch.randn(96)
@@ -52,7 +52,11 @@ def test_int4_and_int8_linears_compute_their_weights_product(rows):
         assert y.shape == (2, rows, 96) and y.dtype == x.dtype
         expected = x @ dense.T + bias
         assert torch.allclose(y, expected, atol=0.05 * expected.abs().max())  # bfloat16 arithmetic
-        assert torch.equal(linear(x[:, :1]), y[:, :1])  # a row's result does not depend on the rows beside it
+        alone = linear(x[:, :1])
+        if 2 * rows <= QUANTIZED_ROWS:  # the quantized kernel: a row's result does not depend on the rows beside it
+            assert torch.equal(alone, y[:, :1])
+        else:  # the dense copy: the same weight, rounded alike, summed in another order
+            assert torch.allclose(alone, y[:, :1], rtol=2 ** -6, atol=2 ** -6 * float(alone.abs().max()))
 
 
 def test_int4_weight_checks_its_shapes():

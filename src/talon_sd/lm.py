@@ -11,7 +11,8 @@ Tree attention reaches the model only through the forward call's public argument
 
 Which models fit this contract (checked when a :class:`CausalLM` is made, see :func:`attention_layout`):
 
-* attention implementation ``sdpa`` or ``eager`` (the ones that take an additive 4-D mask);
+* attention implementation ``grouped`` (:mod:`talon_sd.attention`), ``sdpa`` or ``eager`` (the ones that take an
+  additive 4-D mask);
   ``flash_attention_*`` and ``flex_attention`` ignore or reject such a mask and are refused;
 * every layer ``full_attention`` or ``sliding_attention`` (Llama, Qwen2/2.5/3, Mistral, Gemma 2/3,
   Phi-3, ...). Sliding-window layers are supported exactly: the cache keeps every row (a full
@@ -33,7 +34,7 @@ from transformers import DynamicCache
 
 from .errors import TalonError
 
-SUPPORTED_ATTENTION = ("sdpa", "eager")
+SUPPORTED_ATTENTION = ("grouped", "sdpa", "eager")  # grouped: talon_sd.attention
 SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
@@ -64,7 +65,7 @@ def attention_layout(model, role: str = "model") -> AttentionLayout:
     if implementation not in SUPPORTED_ATTENTION:
         raise TalonError(
             f"{role}: attention implementation {implementation!r} of this {model_type} model cannot take the tree "
-            f"attention mask; load it with attn_implementation='sdpa' (or 'eager')"
+            f"attention mask; load it with attn_implementation='sdpa' (or 'grouped', 'eager')"
         )
     decoder_config = config.get_text_config(decoder=True)
     try:

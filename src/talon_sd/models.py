@@ -64,7 +64,7 @@ _CACHE_MANIFEST = "talon_cache.json"
 _CACHE_FORMAT = 1  # bump to invalidate every dequantized cache folder
 _READ_CHUNK_BYTES = 8 << 20
 # Known backends that some architectures lack; when one is refused, eager attention is used.
-_FALLBACK_ATTENTION = ("sdpa",)
+_FALLBACK_ATTENTION = ("sdpa", "grouped")
 
 
 @dataclass(frozen=True)
@@ -582,13 +582,15 @@ def load_model(
     dtype: str | torch.dtype = "auto",
     device: str | torch.device | None = None,
     with_tokenizer: bool = True,
-    attn_implementation: str = "sdpa",
+    attn_implementation: str = "auto",
     quantize: str = "none",
 ) -> LoadedModel:
     """Load a causal LM (and its tokenizer) ready for inference; see the module docstring.
 
     ``role`` names the argument in error messages (``"target"`` or ``"draft"``). The first load of
     a built-in model or a .gguf file builds the dequantized cache (about a minute on CPU).
+    ``attn_implementation``: ``"auto"`` (``grouped`` on CPU, :mod:`talon_sd.attention`; ``sdpa`` elsewhere),
+    ``"grouped"``, ``"sdpa"`` or ``"eager"``.
     ``quantize``: ``"none"``, or ``"int4"`` / ``"int8"`` weight-only linears on CPU (:mod:`talon_sd.quantize`;
     a GGUF's Q4_K tensors are taken as the file stores them).
     """
@@ -598,8 +600,8 @@ def load_model(
         raise bad_argument("attn_implementation", attn_implementation, "an attention backend such as 'sdpa' or 'eager'")
     from .lm import SUPPORTED_ATTENTION
 
-    if attn_implementation not in SUPPORTED_ATTENTION:
-        raise bad_argument("attn_implementation", attn_implementation, " or ".join(map(repr, SUPPORTED_ATTENTION))
+    if attn_implementation not in ("auto",) + SUPPORTED_ATTENTION:
+        raise bad_argument("attn_implementation", attn_implementation, " or ".join(map(repr, ("auto",) + SUPPORTED_ATTENTION))
                            + " (tree verification passes a 4-D additive attention mask, which other backends ignore)")
     if quantize not in ("none", "int4", "int8"):
         raise bad_argument("quantize", quantize, "'none', 'int4' or 'int8'")
@@ -607,6 +609,12 @@ def load_model(
     if quantize != "none" and resolved_device.type != "cpu":
         raise bad_argument("quantize", quantize, f"'none' on {resolved_device} (int4 and int8 weights run on CPU only)")
     resolved_dtype = resolve_dtype(dtype, resolved_device)
+    if attn_implementation == "auto":
+        attn_implementation = "grouped" if resolved_device.type == "cpu" else "sdpa"
+    if attn_implementation == "grouped":
+        from . import attention
+
+        attention.register()
     source = _resolve_source(role, name_or_path)
     model = _load_weights(role, source, resolved_dtype, attn_implementation)
     model.to(resolved_device)
