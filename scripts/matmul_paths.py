@@ -1,4 +1,4 @@
-"""Small-M matmul paths on this CPU: what a verify of a few tokens costs against one token.
+"""Small-M matmul and attention paths on this CPU: what a verify of a few tokens costs against one token.
 
 One linear of the packaged target's MLP ([M, 1536] x [1536, 8960]) timed for M = 1, 2, 4, 8, 16 through
 the paths torch offers on a CPU without extra packages:
@@ -7,12 +7,19 @@ the paths torch offers on a CPU without extra packages:
 * ``bf16``           nn.Linear with bfloat16 weights and inputs
 * ``fp32-mkldnn``    the weight packed for oneDNN (torch.utils.mkldnn.to_mkldnn)
 * ``int8-dynamic``   torch.ao dynamic quantization (int8 weights, fbgemm / onednn kernels)
+* ``int4-kernel``    the kernel of ``--quantize int4`` (talon_sd.quantize, int4 groups of 32, bfloat16 inputs)
+* ``int8-kernel``    the kernel of ``--quantize int8`` (int8 per output channel, bfloat16 inputs)
 
 Prints the machine, then per path the median milliseconds, the ratio of M = 2 to M = 1, and how far its
 output is from float32 (the effect on output identity: anything but fp32 and fp32-mkldnn changes the logits
 visibly, so greedy output may differ from float32 plain decoding at near-ties).
 
-    python scripts/matmul_paths.py [--threads 2] [--repeats 30] [--sizes 1,2,4,8,16]
+Then one attention layer of the target (12 query and 2 key/value heads of 128, an additive mask as tree
+verification passes it) for ``--rows`` query rows against ``--lengths`` cached rows, bfloat16 and float32:
+``sdpa`` (``scaled_dot_product_attention``, as ``attn_implementation="sdpa"`` calls it) against ``grouped``
+(talon_sd.attention, the CPU default).
+
+    python scripts/matmul_paths.py [--threads 2] [--repeats 30] [--sizes 1,2,4,8,16] [--lengths 230,900] [--rows 1,16]
 """
 
 from __future__ import annotations
@@ -20,8 +27,14 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from types import SimpleNamespace
 
 import torch
+
+from talon_sd.attention import grouped_attention_forward
+from talon_sd.quantize import Int4Linear, Int8Linear, int4_from_float, int8_from_float
+
+HEADS, KV_HEADS, HEAD_DIM = 12, 2, 128  # the packaged target's attention
 
 
 def timed(function, repeats: int) -> float:
@@ -49,7 +62,30 @@ def paths(linear: torch.nn.Linear) -> dict:
         made["int8-dynamic"] = (quantized, torch.float32)
     except Exception as error:
         print(f"int8-dynamic unavailable: {error}")
+    try:  # the kernels alone: their linears run more than QUANTIZED_ROWS rows through a dense copy
+        int4 = Int4Linear(int4_from_float(linear.weight), None)
+        int8 = Int8Linear(*int8_from_float(linear.weight), None)
+        made["int4-kernel"] = (int4._rows_times_weight, torch.bfloat16)
+        made["int8-kernel"] = (int8._rows_times_weight, torch.bfloat16)
+    except Exception as error:  # builds without those CPU kernels
+        print(f"int4/int8 kernels unavailable: {error}")
     return made
+
+
+def attention_table(lengths: list[int], rows_list: list[int], repeats: int) -> None:
+    """Median milliseconds of one attention layer, sdpa against grouped, by dtype, cached rows and query rows."""
+    print(f"{'attention':<14}{'cached':>8}{'rows':>6}{'sdpa':>10}{'grouped':>10}")
+    module = SimpleNamespace(training=False)
+    for dtype in (torch.bfloat16, torch.float32):
+        for length in lengths:
+            for rows in rows_list:
+                query = torch.randn(1, HEADS, rows, HEAD_DIM).to(dtype)
+                key, value = (torch.randn(1, KV_HEADS, length, HEAD_DIM).to(dtype) for _ in range(2))
+                mask = torch.zeros(1, 1, rows, length, dtype=dtype)
+                sdpa = timed(lambda: torch.nn.functional.scaled_dot_product_attention(
+                    query, key, value, attn_mask=mask, enable_gqa=True), repeats)
+                grouped = timed(lambda: grouped_attention_forward(module, query, key, value, mask), repeats)
+                print(f"{str(dtype).removeprefix('torch.'):<14}{length:>8}{rows:>6}{sdpa:>10.3f}{grouped:>10.3f}")
 
 
 def main() -> None:
@@ -57,6 +93,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--sizes", default="1,2,4,8,16")
+    parser.add_argument("--lengths", default="230,900", help="cached rows of the attention table")
+    parser.add_argument("--rows", default="1,16", help="query rows of the attention table")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     from talon_sd.bench.machine import cpu_model
@@ -80,6 +118,8 @@ def main() -> None:
                 error = max(error, float((y - reference[m]).abs().max() / reference[m].abs().max()))
             ratio = times[1] / times[0] if len(times) > 1 else float("nan")
             print(f"{name:<14}" + "".join(f"{t:>10.2f}" for t in times) + f"   {ratio:>13.2f}   {error:.2e}")
+        attention_table([int(n) for n in args.lengths.split(",")], [int(n) for n in args.rows.split(",")],
+                        args.repeats)
 
 
 if __name__ == "__main__":

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import copy
-import inspect
 
 import pytest
 import torch
 from transformers import DynamicCache, Gemma2Config, Gemma2ForCausalLM
 
 from conftest import VOCAB, tiny_model
-from talon_sd.lm import additive_mask
+from talon_sd.lm import _cache_keyword, additive_mask
 
 
 def gemma2():
@@ -26,7 +25,7 @@ def logits(model, attention: str) -> list[torch.Tensor]:
     """A prompt's logits, then a step of three tree rows (rows 1 and 2 children of row 0) after it."""
     model = copy.deepcopy(model)
     model.config._attn_implementation = attention
-    cache = {"cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values": DynamicCache()}
+    cache = {_cache_keyword(model): DynamicCache()}
     prompt = torch.tensor([[5, 17, 33, 8, 5, 17, 40, 41, 9, 3]])
     first = model(prompt, **cache, use_cache=True).logits
     ancestors = torch.tensor([[True, False, False], [True, True, False], [True, False, True]])  # [3, 3]

@@ -3,7 +3,7 @@
 A decoding step attends a few query rows (one token, or a tree of N) to a long cache. On CPU, PyTorch's fused
 ``scaled_dot_product_attention`` is slow there in bfloat16 (EPYC AVX512-BF16, 2 threads, 12 query and 2 key/value
 heads of 128, one query row: 0.39 ms at 230 cached rows and 1.16 ms at 900, against 0.17 and 0.14 ms for the two
-matmuls below; a tie at 16 rows and in float32; ``python scripts/attention_paths.py``). Over 28 layers, an int4 step
+matmuls below; a tie at 16 rows and in float32; ``python scripts/matmul_paths.py``). Over 28 layers, an int4 step
 of the 1.5B target at 800 cached rows took 79.9 ms against 101.7 ms. This is attention as the models' own
 eager code writes it (scores, an additive mask, a float32 softmax, values), with one change: each key/value head
 serves its group of query heads through one matmul, so keys and values are never repeated per query head::

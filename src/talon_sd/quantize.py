@@ -22,8 +22,8 @@ as loaded.
 
 **Many rows run dense.** These kernels cost more per row past a few rows (they dequantize per block of rows): one
 [M, 1536] x [1536, 8960] linear, M = 1 / 4 / 8 / 16 / 64 rows, 0.40 / 0.78 / 1.59 / 2.66 / 10.95 ms int4 against
-1.20 / 1.45 / 1.39 / 2.21 / 5.47 ms bfloat16 (same machine), so a call of more than :data:`QUANTIZED_ROWS` rows (a
-prefill, a wide tree) multiplies by a dense copy of the same weight, kept in the dtype the linear had: a 200-token
+1.20 / 1.45 / 1.39 / 2.21 / 5.47 ms bfloat16 (same machine; ``scripts/matmul_paths.py``), so a call of more than
+:data:`QUANTIZED_ROWS` rows (a prefill, a wide tree) multiplies by a dense copy of the same weight, kept in the dtype the linear had: a 200-token
 prefill of the 1.5B target took 2.0 s against 4.5 s through the int4 kernel. The copy costs that dtype's bytes per
 weight: an int4 model takes the memory of the model as loaded plus its quantized weights, and saves bytes read per
 decoding step, not memory.
@@ -151,12 +151,13 @@ class Int4Linear(_WeightOnlyLinear):
     kind = f"int4 group {GROUP_SIZE}"
 
     def __init__(self, weight: Int4Weight, bias: torch.Tensor | None, dense_dtype: torch.dtype = torch.bfloat16) -> None:
-        kernel_weight = Int4Weight(weight.q, weight.scale.to(torch.bfloat16).float(), weight.zero.to(torch.bfloat16).float())
-        super().__init__(*weight.q.shape, bias, kernel_weight.dequantize(), dense_dtype)
+        scale, zero = weight.scale.to(torch.bfloat16), weight.zero.to(torch.bfloat16)  # the kernel's format
+        super().__init__(*weight.q.shape, bias, Int4Weight(weight.q, scale.float(), zero.float()).dequantize(),
+                         dense_dtype)
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(weight.q.to(torch.int32).contiguous(), 1)
         self.register_buffer("packed", packed)
-        scales_and_zeros = torch.stack([weight.scale.t(), weight.zero.t()], dim=-1)  # [in / 32, out, 2]
-        self.register_buffer("scales_and_zeros", scales_and_zeros.to(torch.bfloat16).contiguous())
+        scales_and_zeros = torch.stack([scale.t(), zero.t()], dim=-1)  # [in / 32, out, 2]
+        self.register_buffer("scales_and_zeros", scales_and_zeros.contiguous())
 
     def _rows_times_weight(self, rows: torch.Tensor) -> torch.Tensor:
         return torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP_SIZE, self.scales_and_zeros)
