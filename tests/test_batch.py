@@ -214,12 +214,14 @@ def learned_controller(target, draft, prompt):
     return controller
 
 
-@pytest.mark.parametrize("rows_dear,catch_up_dear", [(True, False), (False, False), (False, True)],
-                         ids=["dear rows", "flat rows", "flat rows, dear catch-up"])
-def test_the_batch_shares_one_verify_budget(llama_pair, rows_dear, catch_up_dear):
+@pytest.mark.parametrize("rows_dear,catch_up_dear,drafting_measured_slower",
+                         [(True, False, False), (False, False, False), (False, True, False), (False, False, True)],
+                         ids=["dear rows", "flat rows", "flat rows, dear catch-up", "flat rows, drafting measured slower"])
+def test_the_batch_shares_one_verify_budget(llama_pair, rows_dear, catch_up_dear, drafting_measured_slower):
     """Where every verified row costs what a plain step does, the shared budget runs every request plain; where
     rows are free, it drafts, unless a request's draft LM must first catch up a prompt that costs more than
-    drafting gains. Outputs stay each request's own either way."""
+    drafting gains, or the batch's own drafted steps measured fewer tokens per second than its plain steps.
+    Outputs stay each request's own either way."""
     from talon_sd.control import CostCurve
 
     target, draft = llama_pair
@@ -243,6 +245,10 @@ def test_the_batch_shares_one_verify_budget(llama_pair, rows_dear, catch_up_dear
     for rows in range(1, 80):  # seconds by rows: a plain step's price per row, or one price for any count
         decoder.verify_cost.add(rows, 1.0 * rows if rows_dear else 1.0)
         decoder.draft_cost.add(rows, 0.01)
+    for _ in range(4):  # whole steps as measured: plain ones at 3 tokens a second; drafted ones at 2 if measured
+        decoder.measured.add(3, False, 3, 1.0)
+        if drafting_measured_slower:
+            decoder.measured.add(3, True, 4, 2.0)
     outputs = {i: [] for i in range(3)}
     pipelines = [part[0] for part in parts]
     first = True
@@ -251,7 +257,7 @@ def test_the_batch_shares_one_verify_budget(llama_pair, rows_dear, catch_up_dear
             outputs[pipelines.index(req.pipeline)].extend(tokens)
         if first:  # the first step's shared budgets: from the costs above alone
             budgets = [stats.budgets[0] for *_, stats in parts]
-            if rows_dear:
+            if rows_dear or drafting_measured_slower:
                 assert budgets == [1, 1, 1]
             elif catch_up_dear:  # the first two have prompts to catch up (the third's is one token: nothing)
                 assert budgets[:2] == [1, 1]
@@ -260,6 +266,60 @@ def test_the_batch_shares_one_verify_budget(llama_pair, rows_dear, catch_up_dear
             first = False
     for i, prompt in enumerate(PROMPTS[:3]):
         assert outputs[i] == plain_greedy(target, prompt, 20)
+
+
+def test_a_fresh_batch_measures_plain_steps_before_it_drafts(llama_pair):
+    """Nothing measured yet: the first steps of a batch whose rows are free are plain all the same (a plain
+    step costs what batched plain decoding does), then the shared budget's model gets its say."""
+    from talon_sd.control import CostCurve
+
+    target, draft = llama_pair
+    decoder = BatchDecoder(CausalLM(target))
+    parts = []
+    for prompt in PROMPTS[:3]:
+        pipeline, ids, stop, stats = request_parts(target, "model", draft, TreeConfig("ar"), prompt, 12)
+        pipeline = Pipeline(pipeline.target, make_drafter("model", draft, VOCAB),
+                            make_builder(TreeConfig("talon", budget="auto", topk=4)), SamplingConfig(),
+                            learned_controller(target, draft, prompt).for_next_sequence())
+        parts.append((pipeline, ids, stop, stats))
+        decoder.add(pipeline, ids, stop, stats)
+    for _ in range(4):
+        decoder.step()
+    assert all(stats.budgets == [1, 1, 1, 1] for *_, stats in parts)
+    decoder.verify_cost, decoder.draft_cost = CostCurve(), CostCurve()
+    for rows in range(1, 80):  # any number of rows for the price of one
+        decoder.verify_cost.add(rows, 1.0)
+        decoder.draft_cost.add(rows, 0.01)
+    decoder.step()
+    assert max(stats.budgets[4] for *_, stats in parts) > 1
+
+
+def test_step_rates_check_drafting_against_plain_and_measure_again():
+    from talon_sd.batch import StepRates
+
+    rates = StepRates(refresh=8, exploration=0.1)
+    assert not rates.drafting_pays(2)  # plain first
+    for _ in range(4):
+        rates.add(2, False, 2, 0.2)  # 10 tokens a second
+    assert rates.drafting_pays(2) and not rates.drafting_pays(3)  # by batch size; the credit: 0.08 s
+    assert not rates.drafting_pays(2, catch_up=0.1)  # not while the credit cannot pay the draft LMs' catch-up
+    rates.add(2, True, 3, 0.2, catch_up=1.5)  # 15 tokens a second, but the catch-up lost 1.4 s
+    assert not rates.drafting_pays(2)  # drafting unmeasured (1 step of 4) and the credit spent
+    for _ in range(3):
+        rates.add(2, True, 3, 0.4)  # 7.5
+    assert not rates.drafting_pays(2)  # measured slower
+    for _ in range(8):
+        rates.add(2, False, 2, 1.0)
+    assert rates.rate(2, True) is None and not rates.drafting_pays(2)  # its figure dropped; no credit yet
+    for _ in range(8):
+        rates.add(2, False, 2, 1.0)
+    assert rates.drafting_pays(2)  # credit earned back: drafting measured again
+    for _ in range(4):
+        rates.add(2, True, 3, 0.5)  # 6 tokens a second against plain's 2
+    assert rates.drafting_pays(2)
+    for _ in range(8):
+        rates.add(2, True, 3, 0.5)
+    assert not rates.drafting_pays(2)  # plain's figure is old: measured again first
 
 
 def test_step_seconds_prices_rows_and_lockstep_forwards():
@@ -277,3 +337,8 @@ def test_step_seconds_prices_rows_and_lockstep_forwards():
     # two trees of 16: 32 rows verified; log2(16) = 4 lockstep forwards of 2 x 15 / 4 rows each
     assert step_seconds([16, 16], fresh, [], verify, draft) == pytest.approx(3.2 + 4 * 0.01 * 7.5)
 
+    rest = CostCurve()  # the rest of a step (building trees, bookkeeping) by lockstep draft forwards
+    rest.add(0, 0.05)
+    rest.add(4, 0.25)
+    assert step_seconds([1, 1], fresh, [], verify, draft, rest) == pytest.approx(0.25)
+    assert step_seconds([16, 16], fresh, [], verify, draft, rest) == pytest.approx(3.2 + 4 * 0.01 * 7.5 + 0.25)

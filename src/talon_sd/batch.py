@@ -9,7 +9,8 @@ grow in lockstep (:meth:`talon_sd.builders.TreeBuilder.grow`) and each round of 
 The TALON paper (arXiv 2601.07353) leaves batch > 1 open. Here requests with an online budget share one verify
 budget (:meth:`BatchDecoder._share`): each step the rows go where they add most expected tokens per second of the
 whole batch (:func:`talon_sd.control.share_budget`), priced by the batch's own measured costs, so where extra rows
-are dear every request runs plain and where they are nearly free the confident ones get deep trees.
+are dear every request runs plain and where they are nearly free the confident ones get deep trees; and the batch
+drafts only while its drafted steps measure more tokens per second than its plain ones (:class:`StepRates`).
 
 Cache layout (:class:`BatchedCache`, the target's and each draft LM's), ``width`` columns, row r one request::
 
@@ -29,6 +30,7 @@ floating-point near-ties (exact in float32 on the test models). Only full-attent
 from __future__ import annotations
 
 import time
+from collections import deque
 from typing import Iterable
 
 import torch
@@ -36,6 +38,7 @@ from transformers import DynamicCache
 
 from .builders import StepPlan
 from .control import CostCurve, share_budget
+from .control.controller import TRUSTED
 from .decoding import Pipeline, Request, StopCondition
 from .drafters import ModelDrafter
 from .errors import TalonError
@@ -170,6 +173,47 @@ class BatchedCache:
             layer.keys, layer.values = layer.keys[:, :, :longest], layer.values[:, :, :longest]
 
 
+class StepRates:
+    """Committed tokens per second of whole batched steps (their draft catch-ups excepted), by batch size, all-plain
+    steps apart from drafted ones: the measured check on the shared budget's model of costs. A batch of R requests
+    drafts only while its drafted steps measure faster than its plain steps. Plain is measured first (a plain step
+    costs what batched plain decoding costs); drafting, while unmeasured, is tried when the exploration credit
+    (``exploration`` of the time run, as the controller's) covers the draft LMs' catch-up, and what a drafted step
+    lost against plain steps, its catch-ups included, is paid from it; after ``refresh`` steps of one kind in a row the other kind's
+    figure is dropped and measured again, so the check follows the batch's text and its host's speed."""
+
+    def __init__(self, window: int = 16, refresh: int = 64, exploration: float = 0.03) -> None:
+        self.window, self.refresh, self.exploration = window, refresh, exploration
+        self.steps: dict[tuple[int, bool], deque] = {}  # (R, drafted) -> (tokens, seconds) of the last steps
+        self.runs: dict[int, tuple[bool, int]] = {}  # R -> (drafted, steps of that kind in a row)
+        self.credit = 0.0  # seconds exploration may still lose
+
+    def add(self, size: int, drafted: bool, tokens: int, seconds: float, catch_up: float = 0.0) -> None:
+        """A step of ``size`` requests committed ``tokens`` in ``seconds``, plus ``catch_up`` seconds of catch-ups."""
+        plain = self.rate(size, False)
+        self.credit += self.exploration * (seconds + catch_up)
+        if drafted and plain is not None:
+            self.credit -= max(seconds + catch_up - tokens / plain, 0.0)
+        self.steps.setdefault((size, drafted), deque(maxlen=self.window)).append((tokens, seconds))
+        kind, count = self.runs.get(size, (drafted, 0))
+        count = count + 1 if kind == drafted else 1
+        if count >= self.refresh:  # what the other kind measured is old: measure it again
+            self.steps.pop((size, not drafted), None)
+            count = 0
+        self.runs[size] = (drafted, count)
+
+    def rate(self, size: int, drafted: bool) -> float | None:
+        """Tokens per second of the last steps of this kind (None: fewer than ``TRUSTED`` measured)."""
+        steps = self.steps.get((size, drafted), ())
+        return sum(t for t, _ in steps) / sum(s for _, s in steps) if len(steps) >= TRUSTED else None
+
+    def drafting_pays(self, size: int, catch_up: float = 0.0) -> bool:
+        """Whether a batch of ``size`` may draft: plain measured, and drafting measured faster, or not yet
+        measured and the credit above what the draft LMs' catch-up would cost (``catch_up`` seconds)."""
+        plain, drafted = self.rate(size, False), self.rate(size, True)
+        return plain is not None and (drafted > plain if drafted is not None else self.credit > catch_up)
+
+
 def _pad(tensor: torch.Tensor, width: int) -> torch.Tensor:
     """[B, H, L, D] -> [B, H, width, D], zeros after L."""
     extra = width - tensor.shape[-2]
@@ -231,7 +275,10 @@ class BatchDecoder:
         self.groups: dict[int, _DraftGroup] = {}  # id(draft model) -> its requests' draft caches
         self.verify_cost = CostCurve()  # rows verified in all -> seconds of the batched target forward
         self.draft_cost = CostCurve()  # rows in a batched draft-LM forward -> seconds
+        self.rest_cost = CostCurve()  # lockstep draft forwards -> seconds of the rest of the step (no forward's)
         self.last_sizes: dict[int, int] = {}  # id(request) -> its last tree's size
+        self.measured = StepRates()  # committed tokens per second of whole steps, plain against drafted
+        self._forward_seconds = 0.0  # the current step's seconds in draft forwards (catch-ups included)
 
     def add(self, pipeline: Pipeline, prompt_ids: torch.Tensor, stop: StopCondition, stats: DecodeStats) -> Request:
         """Prefill a request (its pipeline's target must wrap the batch's model) and add it to the batch."""
@@ -273,6 +320,7 @@ class BatchDecoder:
     def step(self) -> list[tuple[Request, list[int]]]:
         """One verify step for every request: ``(request, tokens it committed, cut at its stop)`` each."""
         requests = list(self.requests)
+        step_started = time.perf_counter()
         trees = self._draft(requests)  # each request's own drafter and budget, draft LMs batched
         started = time.perf_counter()
         capture = sorted({layer for request in requests for layer in request.capture})
@@ -297,6 +345,12 @@ class BatchDecoder:
                 if request.stop.done(token):
                     break
             committed.append((request, kept))
+        seconds = time.perf_counter() - step_started
+        self.rest_cost.add(max(request.forwards.count for request in requests),
+                           max(seconds - verify_seconds - self._forward_seconds, 0.0))
+        catch_up = sum(request.forwards.catch_up_seconds or 0.0 for request in requests)  # paid once, priced apart
+        self.measured.add(len(requests), max(tree.size for tree in trees) > 1,
+                          sum(len(acceptance.new_tokens) for acceptance in acceptances), seconds - catch_up, catch_up)
         for request, _ in committed:
             if request.stop.reason is not None:
                 self.remove(request)
@@ -307,12 +361,20 @@ class BatchDecoder:
         that has learned what trees accept, the batch shares one verify budget among those requests
         (:func:`share_budget`; their own exploration steps are not taken: a probe of one request pads every
         request's rows), priced by what the batch measured: seconds by rows computed (padded, R x the largest),
-        and for a request that drafts after plain steps its draft LM's catch-up, paid back over the coming tokens
-        as its own controller charges it (:meth:`~talon_sd.control.BudgetController.rates`)."""
-        plans = [request.plan_step() for request in requests]
-        tables = {i: requests[i].pipeline.controller.expected_tokens()
-                  for i, plan in enumerate(plans) if plan is not None}
+        lockstep draft forwards, the rest of the step by forwards, and for a request that drafts after plain steps
+        its draft LM's catch-up, paid back over the coming tokens as its own controller charges it
+        (:meth:`~talon_sd.control.BudgetController.rates`). Where every request shares, that model's choice is
+        checked against the batch's measured steps (:class:`StepRates`): plain unless drafted steps of this batch
+        size measured faster than plain ones (or are being measured)."""
+        tables = {i: request.pipeline.controller.expected_tokens()
+                  for i, request in enumerate(requests) if request.pipeline.controller is not None}
         shared = [i for i, table in tables.items() if len(table) > 1]
+        if len(shared) == len(requests) > 1 and not self.measured.drafting_pays(
+                len(requests), sum(map(catch_up_seconds, requests))):
+            for request in requests:  # the measured check says plain: no request's own choice is asked for
+                request.plan = StepPlan(budget=1, reason="choice")
+            return
+        plans = [request.plan_step() for request in requests]
         if len(shared) < 2 or not self.verify_cost.points() or not self.draft_cost.points():
             return
         other_sizes = [plan.budget if plan is not None else self.last_sizes.get(id(request), 1)
@@ -324,7 +386,8 @@ class BatchDecoder:
         def seconds(budgets: list[int]) -> float:
             catch_up = sum(charge * table[budget] for charge, table, budget in zip(charges, shared_tables, budgets)
                            if budget > 1)
-            return step_seconds(budgets, controllers, other_sizes, self.verify_cost, self.draft_cost) + catch_up
+            return step_seconds(budgets, controllers, other_sizes, self.verify_cost, self.draft_cost,
+                                self.rest_cost) + catch_up
 
         for i, budget in zip(shared, share_budget(shared_tables, seconds)):
             requests[i].plan = StepPlan(budget=budget, reason="choice")
@@ -337,6 +400,7 @@ class BatchDecoder:
         growths = [request.begin_draft() for request in requests]
         trees: list[DraftTree | None] = [None] * len(requests)
         answers: dict[int, torch.Tensor | None] = {i: None for i in range(len(requests))}
+        self._forward_seconds = 0.0
         while answers:
             asks = {}
             for i, answer in answers.items():
@@ -350,9 +414,13 @@ class BatchDecoder:
                 if isinstance(drafter, ModelDrafter) and isinstance(drafter.lm, _DraftRow):
                     batched.setdefault(id(drafter.lm.group), {})[i] = (tree, nodes)
                 else:
+                    forward_started = time.perf_counter()
                     answers[i] = requests[i].clock.expand(tree, nodes)
+                    self._forward_seconds += time.perf_counter() - forward_started
             for group_asks in batched.values():
+                forward_started = time.perf_counter()
                 answers.update(self._draft_forward(requests, group_asks))
+                self._forward_seconds += time.perf_counter() - forward_started
         seconds = time.perf_counter() - started
         for request in requests:
             request.end_draft(seconds)
@@ -384,7 +452,7 @@ class BatchDecoder:
 
 
 def step_seconds(budgets: list[int], controllers: list, other_sizes: list[int], verify_cost: CostCurve,
-                 draft_cost: CostCurve) -> float:
+                 draft_cost: CostCurve, rest_cost: CostCurve | None = None) -> float:
     """Expected seconds of a batched step where request i (``controllers[i]``'s) gets ``budgets[i]`` and the rest of
     the batch trees of ``other_sizes``. Rows are padded to the largest tree, so the target computes R x the largest
     rows; the draft LM runs as many lockstep forwards as the request needing most, each over R x the widest
@@ -399,18 +467,23 @@ def step_seconds(budgets: list[int], controllers: list, other_sizes: list[int], 
             forwards = max(forwards, count)
             width = max(width, sum(w * n for w, n in widths.items()) / count)
     draft = forwards * draft_cost(len(sizes) * width) if forwards else 0.0
-    return verify_cost(len(sizes) * max(sizes)) + draft
+    rest = rest_cost(forwards) if rest_cost is not None else 0.0
+    return verify_cost(len(sizes) * max(sizes)) + draft + rest
+
+
+def catch_up_seconds(request: Request) -> float:
+    """What ``request``'s draft LM's catch-up (the committed tokens it has not forwarded) costs if it drafts now, as
+    its controller prices it."""
+    drafter, controller = request.pipeline.drafter, request.pipeline.controller
+    tokens = drafter.catch_up_tokens if drafter is not None else 0
+    return controller.catch_up_seconds(tokens) if tokens else 0.0
 
 
 def catch_up_charge(request: Request) -> float:
     """Seconds per committed token that drafting this step adds for ``request``'s draft catch-up: the catch-up's
     seconds spread over the coming tokens (its controller's horizon, or fewer where fewer are left)."""
-    drafter, controller = request.pipeline.drafter, request.pipeline.controller
-    tokens = drafter.catch_up_tokens if drafter is not None else 0
-    if not tokens:
-        return 0.0
     left = max(request.stop.max_new_tokens - len(request.stop.tokens), 1)
-    return controller.catch_up_seconds(tokens) / min(left, controller.settings.horizon)
+    return catch_up_seconds(request) / min(left, request.pipeline.controller.settings.horizon)
 
 
 def decode_batch(target: CausalLM, requests: Iterable[tuple[Pipeline, torch.Tensor, StopCondition, DecodeStats]]):
