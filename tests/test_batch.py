@@ -322,6 +322,20 @@ def test_step_rates_check_drafting_against_plain_and_measure_again():
     assert not rates.drafting_pays(2)  # plain's figure is old: measured again first
 
 
+@pytest.mark.parametrize("drafted_seconds,tried_at_3", [(0.4, False), (0.2, True)])
+def test_drafting_slower_with_fewer_requests_is_not_tried_with_more(drafted_seconds, tried_at_3):
+    from talon_sd.batch import StepRates
+
+    rates = StepRates(exploration=1.0)  # credit to spare: only the measurements decide
+    for size in (2, 3):
+        for _ in range(4):
+            rates.add(size, False, size, 0.2)
+    for _ in range(4):
+        rates.add(2, True, 3, drafted_seconds)  # 7.5 or 15 tokens a second against plain's 10
+    assert rates.drafting_pays(2) is tried_at_3
+    assert rates.drafting_pays(3) is tried_at_3
+
+
 def test_step_seconds_prices_rows_and_lockstep_forwards():
     from talon_sd.batch import step_seconds
     from talon_sd.control import BudgetController, CostCurve

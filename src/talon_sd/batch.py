@@ -177,10 +177,11 @@ class StepRates:
     """Committed tokens per second of whole batched steps (their draft catch-ups excepted), by batch size, all-plain
     steps apart from drafted ones: the measured check on the shared budget's model of costs. A batch of R requests
     drafts only while its drafted steps measure faster than its plain steps. Plain is measured first (a plain step
-    costs what batched plain decoding costs); drafting, while unmeasured, is tried when the exploration credit
-    (``exploration`` of the time run, as the controller's) covers the draft LMs' catch-up, and what a drafted step
-    lost against plain steps, its catch-ups included, is paid from it; after ``refresh`` steps of one kind in a row the other kind's
-    figure is dropped and measured again, so the check follows the batch's text and its host's speed."""
+    costs what batched plain decoding costs); drafting, while unmeasured, is tried when it did not measure slower
+    at a smaller batch and the exploration credit (``exploration`` of the time run, as the controller's) covers
+    the draft LMs' catch-up, and what a drafted step lost against plain steps, its catch-ups included, is paid
+    from it; after ``refresh`` steps of one kind in a row the other kind's figure is dropped and measured again,
+    so the check follows the batch's text and its host's speed."""
 
     def __init__(self, window: int = 16, refresh: int = 64, exploration: float = 0.03) -> None:
         self.window, self.refresh, self.exploration = window, refresh, exploration
@@ -209,9 +210,16 @@ class StepRates:
 
     def drafting_pays(self, size: int, catch_up: float = 0.0) -> bool:
         """Whether a batch of ``size`` may draft: plain measured, and drafting measured faster, or not yet
-        measured and the credit above what the draft LMs' catch-up would cost (``catch_up`` seconds)."""
+        measured, not measured slower at a smaller batch (more requests only make rows dearer and plain tokens
+        cheaper) and the credit above what the draft LMs' catch-up would cost (``catch_up`` seconds)."""
         plain, drafted = self.rate(size, False), self.rate(size, True)
-        return plain is not None and (drafted > plain if drafted is not None else self.credit > catch_up)
+        if plain is None or drafted is not None:
+            return plain is not None and drafted > plain
+        return self.credit > catch_up and not any(self._slower(smaller) for smaller in range(2, size))
+
+    def _slower(self, size: int) -> bool:
+        plain, drafted = self.rate(size, False), self.rate(size, True)
+        return plain is not None and drafted is not None and drafted <= plain
 
 
 def _pad(tensor: torch.Tensor, width: int) -> torch.Tensor:
