@@ -350,9 +350,3 @@ def test_step_seconds_prices_rows_and_lockstep_forwards():
     assert step_seconds([1, 1], fresh, [3], verify, draft) == pytest.approx(0.9)  # padded: 3 rows x 3 requests
     # two trees of 16: 32 rows verified; log2(16) = 4 lockstep forwards of 2 x 15 / 4 rows each
     assert step_seconds([16, 16], fresh, [], verify, draft) == pytest.approx(3.2 + 4 * 0.01 * 7.5)
-
-    rest = CostCurve()  # the rest of a step (building trees, bookkeeping) by lockstep draft forwards
-    rest.add(0, 0.05)
-    rest.add(4, 0.25)
-    assert step_seconds([1, 1], fresh, [], verify, draft, rest) == pytest.approx(0.25)
-    assert step_seconds([16, 16], fresh, [], verify, draft, rest) == pytest.approx(3.2 + 4 * 0.01 * 7.5 + 0.25)

@@ -283,10 +283,8 @@ class BatchDecoder:
         self.groups: dict[int, _DraftGroup] = {}  # id(draft model) -> its requests' draft caches
         self.verify_cost = CostCurve()  # rows verified in all -> seconds of the batched target forward
         self.draft_cost = CostCurve()  # rows in a batched draft-LM forward -> seconds
-        self.rest_cost = CostCurve()  # lockstep draft forwards -> seconds of the rest of the step (no forward's)
         self.last_sizes: dict[int, int] = {}  # id(request) -> its last tree's size
         self.measured = StepRates()  # committed tokens per second of whole steps, plain against drafted
-        self._forward_seconds = 0.0  # the current step's seconds in draft forwards (catch-ups included)
 
     def add(self, pipeline: Pipeline, prompt_ids: torch.Tensor, stop: StopCondition, stats: DecodeStats) -> Request:
         """Prefill a request (its pipeline's target must wrap the batch's model) and add it to the batch."""
@@ -354,8 +352,6 @@ class BatchDecoder:
                     break
             committed.append((request, kept))
         seconds = time.perf_counter() - step_started
-        self.rest_cost.add(max(request.forwards.count for request in requests),
-                           max(seconds - verify_seconds - self._forward_seconds, 0.0))
         catch_up = sum(request.forwards.catch_up_seconds or 0.0 for request in requests)  # paid once, priced apart
         self.measured.add(len(requests), max(tree.size for tree in trees) > 1,
                           sum(len(acceptance.new_tokens) for acceptance in acceptances), seconds - catch_up, catch_up)
@@ -369,11 +365,11 @@ class BatchDecoder:
         that has learned what trees accept, the batch shares one verify budget among those requests
         (:func:`share_budget`; their own exploration steps are not taken: a probe of one request pads every
         request's rows), priced by what the batch measured: seconds by rows computed (padded, R x the largest),
-        lockstep draft forwards, the rest of the step by forwards, and for a request that drafts after plain steps
-        its draft LM's catch-up, paid back over the coming tokens as its own controller charges it
-        (:meth:`~talon_sd.control.BudgetController.rates`). Where every request shares, that model's choice is
-        checked against the batch's measured steps (:class:`StepRates`): plain unless drafted steps of this batch
-        size measured faster than plain ones (or are being measured)."""
+        lockstep draft forwards, and for a request that drafts after plain steps its draft LM's catch-up, paid back
+        over the coming tokens as its own controller charges it (:meth:`~talon_sd.control.BudgetController.rates`).
+        Where every request shares, that model's choice is checked against the batch's measured steps
+        (:class:`StepRates`): plain unless drafted steps of this batch size measured faster than plain ones (or are
+        being measured)."""
         tables = {i: request.pipeline.controller.expected_tokens()
                   for i, request in enumerate(requests) if request.pipeline.controller is not None}
         shared = [i for i, table in tables.items() if len(table) > 1]
@@ -394,8 +390,7 @@ class BatchDecoder:
         def seconds(budgets: list[int]) -> float:
             catch_up = sum(charge * table[budget] for charge, table, budget in zip(charges, shared_tables, budgets)
                            if budget > 1)
-            return step_seconds(budgets, controllers, other_sizes, self.verify_cost, self.draft_cost,
-                                self.rest_cost) + catch_up
+            return step_seconds(budgets, controllers, other_sizes, self.verify_cost, self.draft_cost) + catch_up
 
         for i, budget in zip(shared, share_budget(shared_tables, seconds)):
             requests[i].plan = StepPlan(budget=budget, reason="choice")
@@ -408,7 +403,6 @@ class BatchDecoder:
         growths = [request.begin_draft() for request in requests]
         trees: list[DraftTree | None] = [None] * len(requests)
         answers: dict[int, torch.Tensor | None] = {i: None for i in range(len(requests))}
-        self._forward_seconds = 0.0
         while answers:
             asks = {}
             for i, answer in answers.items():
@@ -422,13 +416,9 @@ class BatchDecoder:
                 if isinstance(drafter, ModelDrafter) and isinstance(drafter.lm, _DraftRow):
                     batched.setdefault(id(drafter.lm.group), {})[i] = (tree, nodes)
                 else:
-                    forward_started = time.perf_counter()
                     answers[i] = requests[i].clock.expand(tree, nodes)
-                    self._forward_seconds += time.perf_counter() - forward_started
             for group_asks in batched.values():
-                forward_started = time.perf_counter()
                 answers.update(self._draft_forward(requests, group_asks))
-                self._forward_seconds += time.perf_counter() - forward_started
         seconds = time.perf_counter() - started
         for request in requests:
             request.end_draft(seconds)
@@ -460,7 +450,7 @@ class BatchDecoder:
 
 
 def step_seconds(budgets: list[int], controllers: list, other_sizes: list[int], verify_cost: CostCurve,
-                 draft_cost: CostCurve, rest_cost: CostCurve | None = None) -> float:
+                 draft_cost: CostCurve) -> float:
     """Expected seconds of a batched step where request i (``controllers[i]``'s) gets ``budgets[i]`` and the rest of
     the batch trees of ``other_sizes``. Rows are padded to the largest tree, so the target computes R x the largest
     rows; the draft LM runs as many lockstep forwards as the request needing most, each over R x the widest
@@ -475,8 +465,7 @@ def step_seconds(budgets: list[int], controllers: list, other_sizes: list[int], 
             forwards = max(forwards, count)
             width = max(width, sum(w * n for w, n in widths.items()) / count)
     draft = forwards * draft_cost(len(sizes) * width) if forwards else 0.0
-    rest = rest_cost(forwards) if rest_cost is not None else 0.0
-    return verify_cost(len(sizes) * max(sizes)) + draft + rest
+    return verify_cost(len(sizes) * max(sizes)) + draft
 
 
 def catch_up_seconds(request: Request) -> float:
