@@ -8,7 +8,7 @@ import torch
 
 from conftest import VOCAB, plain_greedy, tiny_model
 from helpers import CyclingController, make_drafter, run
-from talon_sd.batch import BatchDecoder, decode_batch
+from talon_sd.batch import PLAIN, BatchDecoder, decode_batch
 from talon_sd.builders import make_builder
 from talon_sd.config import SamplingConfig, TreeConfig
 from talon_sd.decoding import Pipeline, StopCondition
@@ -246,9 +246,9 @@ def test_the_batch_shares_one_verify_budget(llama_pair, rows_dear, catch_up_dear
         decoder.verify_cost.add(rows, 1.0 * rows if rows_dear else 1.0)
         decoder.draft_cost.add(rows, 0.01)
     for _ in range(4):  # whole steps as measured: plain ones at 3 tokens a second; drafted ones at 2 if measured
-        decoder.measured.add(3, False, 3, 1.0)
+        decoder.measured.add(3, PLAIN, 3, 1.0)
         if drafting_measured_slower:
-            decoder.measured.add(3, True, 4, 2.0)
+            decoder.measured.add(3, "model", 4, 2.0)
     outputs = {i: [] for i in range(3)}
     pipelines = [part[0] for part in parts]
     first = True
@@ -266,6 +266,92 @@ def test_the_batch_shares_one_verify_budget(llama_pair, rows_dear, catch_up_dear
             first = False
     for i, prompt in enumerate(PROMPTS[:3]):
         assert outputs[i] == plain_greedy(target, prompt, 20)
+
+
+def test_requests_switch_between_draft_lm_n_gram_and_plain_steps_exactly(llama_pair):
+    """A request with an n-gram ``alternate`` drafts with whichever kind the batch's check chooses each step (here
+    forced in turn: n-gram, draft LM, plain, ...): both drafters see every commit (the draft LM catches up what the
+    n-gram and plain steps committed), and each output stays the request's own."""
+    from talon_sd.batch import StepRates
+
+    class Turns(StepRates):
+        def __init__(self):
+            super().__init__()
+            self.chosen = []
+
+        def choose(self, size, catch_ups):
+            assert list(catch_ups) == ["ngram", "model"] or catch_ups["ngram"] == catch_ups["model"] == 0.0
+            assert list(catch_ups.values()) == sorted(catch_ups.values())
+            self.chosen.append(("ngram", "model", PLAIN)[len(self.chosen) % 3])
+            return self.chosen[-1]
+
+    target, draft = llama_pair
+    decoder = BatchDecoder(CausalLM(target))
+    decoder.measured = Turns()
+    tree = TreeConfig("talon", budget="auto", topk=4)
+    parts, drafted = [], {"ngram": 0, "model": 0}
+    for prompt, length in zip(PROMPTS, LENGTHS):
+        pipeline, ids, stop, stats = request_parts(target, "model", draft, tree, prompt, length)
+        alternate = Pipeline(pipeline.target, make_drafter("ngram", draft, VOCAB), make_builder(tree),
+                             SamplingConfig(), CyclingController())
+        parts.append((pipeline, ids, stop, stats))
+        decoder.add(pipeline, ids, stop, stats, alternate)
+    outputs = {i: [] for i in range(len(parts))}
+    pipelines = [part[0] for part in parts]
+    while decoder.requests:
+        for req, tokens in decoder.step():
+            outputs[pipelines.index(req.pipelines[0])].extend(tokens)
+            if req.stats.tree_sizes and req.stats.tree_sizes[-1] > 1:
+                drafted[req.pipeline.drafter.name] += 1
+    assert drafted["ngram"] > 0 and drafted["model"] > 0
+    for i, (prompt, length) in enumerate(zip(PROMPTS, LENGTHS)):
+        assert outputs[i] == plain_greedy(target, prompt, length)
+
+
+def test_a_kind_is_measured_by_its_steps_whatever_trees_they_built(llama_pair):
+    """Steps the check ran with the n-gram drafter count as n-gram steps even where no n-gram matched (root-only
+    trees): counted as plain, they would make plain look slower and the n-gram kind luckier than they are."""
+    from talon_sd.batch import StepRates
+
+    class NgramOnly(StepRates):
+        def choose(self, size, catch_ups):
+            return "ngram"
+
+    target, draft = llama_pair
+    decoder = BatchDecoder(CausalLM(target))
+    decoder.measured = NgramOnly()
+    tree = TreeConfig("talon", budget="auto", topk=4)
+    parts = []
+    for prompt in ([40], [41]):  # nothing repeats yet: no n-gram matches at first
+        pipeline, ids, stop, stats = request_parts(target, "model", draft, tree, prompt, 64)
+        alternate = Pipeline(pipeline.target, make_drafter("ngram", draft, VOCAB), make_builder(tree),
+                             SamplingConfig(), CyclingController())
+        parts.append(stats)
+        decoder.add(pipeline, ids, stop, stats, alternate)
+    for _ in range(4):
+        decoder.step()
+    assert 1 in parts[0].tree_sizes  # a step whose n-gram tree was the root alone
+    assert decoder.measured.rate(2, "ngram") is not None and decoder.measured.rate(2, PLAIN) is None
+
+
+def test_step_rates_choose_the_fastest_kind_and_try_the_cheapest_first():
+    from talon_sd.batch import StepRates
+
+    rates = StepRates(exploration=1.0)
+    for _ in range(4):
+        rates.add(2, PLAIN, 2, 0.2)  # 10 tokens a second; credit 0.8 s
+    catch_ups = {"ngram": 0.0, "model": 0.5}
+    assert rates.choose(2, catch_ups) == "ngram"  # unmeasured, and no catch-up to pay
+    for _ in range(4):
+        rates.add(2, "ngram", 3, 0.2)  # 15
+    assert rates.choose(2, catch_ups) == "model"  # unmeasured, the credit covers its catch-up
+    assert rates.choose(2, {"ngram": 0.0, "model": 100.0}) == "ngram"  # it does not: the fastest measured
+    for _ in range(4):
+        rates.add(2, "model", 4, 0.2)  # 20
+    assert rates.choose(2, catch_ups) == "model"
+    for _ in range(4):
+        rates.add(2, "model", 1, 0.2)  # the last four steps: 12.5 a second, below n-gram's 15
+    assert rates.choose(2, catch_ups) == "ngram"
 
 
 def test_a_fresh_batch_measures_plain_steps_before_it_drafts(llama_pair):
@@ -294,32 +380,37 @@ def test_a_fresh_batch_measures_plain_steps_before_it_drafts(llama_pair):
     assert max(stats.budgets[4] for *_, stats in parts) > 1
 
 
+def pays(rates, size: int, catch_up: float = 0.0) -> bool:
+    """Whether a batch of ``size`` whose requests draft with draft LMs only drafts next."""
+    return rates.choose(size, {"model": catch_up}) == "model"
+
+
 def test_step_rates_check_drafting_against_plain_and_measure_again():
     from talon_sd.batch import StepRates
 
     rates = StepRates(refresh=8, exploration=0.1)
-    assert not rates.drafting_pays(2)  # plain first
+    assert not pays(rates, 2)  # plain first
     for _ in range(4):
-        rates.add(2, False, 2, 0.2)  # 10 tokens a second
-    assert rates.drafting_pays(2) and not rates.drafting_pays(3)  # by batch size; the credit: 0.08 s
-    assert not rates.drafting_pays(2, catch_up=0.1)  # not while the credit cannot pay the draft LMs' catch-up
-    rates.add(2, True, 3, 0.2, catch_up=1.5)  # 15 tokens a second, but the catch-up lost 1.4 s
-    assert not rates.drafting_pays(2)  # drafting unmeasured (1 step of 4) and the credit spent
+        rates.add(2, PLAIN, 2, 0.2)  # 10 tokens a second
+    assert pays(rates, 2) and not pays(rates, 3)  # by batch size; the credit: 0.08 s
+    assert not pays(rates, 2, catch_up=0.1)  # not while the credit cannot pay the draft LMs' catch-up
+    rates.add(2, "model", 3, 0.2, catch_up=1.5)  # 15 tokens a second, but the catch-up lost 1.4 s
+    assert not pays(rates, 2)  # drafting unmeasured (1 step of 4) and the credit spent
     for _ in range(3):
-        rates.add(2, True, 3, 0.4)  # 7.5
-    assert not rates.drafting_pays(2)  # measured slower
+        rates.add(2, "model", 3, 0.4)  # 7.5
+    assert not pays(rates, 2)  # measured slower
     for _ in range(8):
-        rates.add(2, False, 2, 1.0)
-    assert rates.rate(2, True) is None and not rates.drafting_pays(2)  # its figure dropped; no credit yet
+        rates.add(2, PLAIN, 2, 1.0)
+    assert rates.rate(2, "model") is None and not pays(rates, 2)  # its figure dropped; no credit yet
     for _ in range(8):
-        rates.add(2, False, 2, 1.0)
-    assert rates.drafting_pays(2)  # credit earned back: drafting measured again
+        rates.add(2, PLAIN, 2, 1.0)
+    assert pays(rates, 2)  # credit earned back: drafting measured again
     for _ in range(4):
-        rates.add(2, True, 3, 0.5)  # 6 tokens a second against plain's 2
-    assert rates.drafting_pays(2)
+        rates.add(2, "model", 3, 0.5)  # 6 tokens a second against plain's 2
+    assert pays(rates, 2)
     for _ in range(8):
-        rates.add(2, True, 3, 0.5)
-    assert not rates.drafting_pays(2)  # plain's figure is old: measured again first
+        rates.add(2, "model", 3, 0.5)
+    assert not pays(rates, 2)  # plain's figure is old: measured again first
 
 
 @pytest.mark.parametrize("drafted_seconds,tried_at_3", [(0.4, False), (0.2, True)])
@@ -329,11 +420,11 @@ def test_drafting_slower_with_fewer_requests_is_not_tried_with_more(drafted_seco
     rates = StepRates(exploration=1.0)  # credit to spare: only the measurements decide
     for size in (2, 3):
         for _ in range(4):
-            rates.add(size, False, size, 0.2)
+            rates.add(size, PLAIN, size, 0.2)
     for _ in range(4):
-        rates.add(2, True, 3, drafted_seconds)  # 7.5 or 15 tokens a second against plain's 10
-    assert rates.drafting_pays(2) is tried_at_3
-    assert rates.drafting_pays(3) is tried_at_3
+        rates.add(2, "model", 3, drafted_seconds)  # 7.5 or 15 tokens a second against plain's 10
+    assert pays(rates, 2) is tried_at_3
+    assert pays(rates, 3) is tried_at_3
 
 
 def test_step_seconds_prices_rows_and_lockstep_forwards():

@@ -173,52 +173,63 @@ class BatchedCache:
             layer.keys, layer.values = layer.keys[:, :, :longest], layer.values[:, :, :longest]
 
 
+PLAIN = "plain"  # the kind of an all-plain step, beside the drafters' names
+
+
 class StepRates:
-    """Committed tokens per second of whole batched steps (their draft catch-ups excepted), by batch size, all-plain
-    steps apart from drafted ones: the measured check on the shared budget's model of costs. A batch of R requests
-    drafts only while its drafted steps measure faster than its plain steps. Plain is measured first (a plain step
-    costs what batched plain decoding costs); drafting, while unmeasured, is tried when it did not measure slower
-    at a smaller batch and the exploration credit (``exploration`` of the time run, as the controller's) covers
-    the draft LMs' catch-up, and what a drafted step lost against plain steps, its catch-ups included, is paid
-    from it; after ``refresh`` steps of one kind in a row the other kind's figure is dropped and measured again,
-    so the check follows the batch's text and its host's speed."""
+    """Committed tokens per second of whole batched steps (their draft catch-ups excepted), by batch size and kind:
+    all-plain steps, or steps drafted by the requests' draft LMs (``"model"``) or n-gram drafters (``"ngram"``). It
+    is the measured check on the shared budget's model of costs: a batch of R requests runs the kind that measured
+    the most tokens per second. Plain is measured first (a plain step costs what batched plain decoding costs); a
+    drafting kind, while unmeasured, is tried when it did not measure slower than plain at a smaller batch and the
+    exploration credit (``exploration`` of the time run, as the controller's) covers its draft LMs' catch-up, and
+    what a drafted step lost against plain steps, its catch-ups included, is paid from it; after ``refresh`` steps
+    of one kind in a row the other kinds' figures are dropped and measured again, so the check follows the batch's
+    text and its host's speed."""
 
     def __init__(self, window: int = 16, refresh: int = 64, exploration: float = 0.03) -> None:
         self.window, self.refresh, self.exploration = window, refresh, exploration
-        self.steps: dict[tuple[int, bool], deque] = {}  # (R, drafted) -> (tokens, seconds) of the last steps
-        self.runs: dict[int, tuple[bool, int]] = {}  # R -> (drafted, steps of that kind in a row)
+        self.steps: dict[tuple[int, str], deque] = {}  # (R, kind) -> (tokens, seconds) of the last steps
+        self.runs: dict[int, tuple[str, int]] = {}  # R -> (kind, steps of that kind in a row)
         self.credit = 0.0  # seconds exploration may still lose
 
-    def add(self, size: int, drafted: bool, tokens: int, seconds: float, catch_up: float = 0.0) -> None:
-        """A step of ``size`` requests committed ``tokens`` in ``seconds``, plus ``catch_up`` seconds of catch-ups."""
-        plain = self.rate(size, False)
+    def add(self, size: int, kind: str, tokens: int, seconds: float, catch_up: float = 0.0) -> None:
+        """A step of ``size`` requests and ``kind`` committed ``tokens`` in ``seconds``, plus ``catch_up`` seconds
+        of catch-ups."""
+        plain = self.rate(size, PLAIN)
         self.credit += self.exploration * (seconds + catch_up)
-        if drafted and plain is not None:
+        if kind != PLAIN and plain is not None:
             self.credit -= max(seconds + catch_up - tokens / plain, 0.0)
-        self.steps.setdefault((size, drafted), deque(maxlen=self.window)).append((tokens, seconds))
-        kind, count = self.runs.get(size, (drafted, 0))
-        count = count + 1 if kind == drafted else 1
-        if count >= self.refresh:  # what the other kind measured is old: measure it again
-            self.steps.pop((size, not drafted), None)
+        self.steps.setdefault((size, kind), deque(maxlen=self.window)).append((tokens, seconds))
+        last, count = self.runs.get(size, (kind, 0))
+        count = count + 1 if last == kind else 1
+        if count >= self.refresh:  # what the other kinds measured is old: measure them again
+            for other in [key for key in self.steps if key[0] == size and key[1] != kind]:
+                del self.steps[other]
             count = 0
-        self.runs[size] = (drafted, count)
+        self.runs[size] = (kind, count)
 
-    def rate(self, size: int, drafted: bool) -> float | None:
+    def rate(self, size: int, kind: str) -> float | None:
         """Tokens per second of the last steps of this kind (None: fewer than ``TRUSTED`` measured)."""
-        steps = self.steps.get((size, drafted), ())
+        steps = self.steps.get((size, kind), ())
         return sum(t for t, _ in steps) / sum(s for _, s in steps) if len(steps) >= TRUSTED else None
 
-    def drafting_pays(self, size: int, catch_up: float = 0.0) -> bool:
-        """Whether a batch of ``size`` may draft: plain measured, and drafting measured faster, or not yet
-        measured, not measured slower at a smaller batch (more requests only make rows dearer and plain tokens
-        cheaper) and the credit above what the draft LMs' catch-up would cost (``catch_up`` seconds)."""
-        plain, drafted = self.rate(size, False), self.rate(size, True)
-        if plain is None or drafted is not None:
-            return plain is not None and drafted > plain
-        return self.credit > catch_up and not any(self._slower(smaller) for smaller in range(2, size))
+    def choose(self, size: int, catch_ups: dict[str, float]) -> str:
+        """The kind a batch of ``size`` runs next, among plain and the drafting kinds ``catch_ups`` names (with what
+        their draft LMs' catch-up would cost now, seconds): plain until measured; then a drafting kind not yet
+        measured, in the order given, where it did not measure slower at a smaller batch (more requests only make
+        rows dearer and plain tokens cheaper) and the credit covers its catch-up; else the fastest measured."""
+        rates = {kind: self.rate(size, kind) for kind in [PLAIN, *catch_ups]}
+        if rates[PLAIN] is None:
+            return PLAIN
+        for kind, catch_up in catch_ups.items():
+            if rates[kind] is None and self.credit > catch_up and \
+                    not any(self._slower(smaller, kind) for smaller in range(2, size)):
+                return kind
+        return max((kind for kind, rate in rates.items() if rate is not None), key=rates.get)
 
-    def _slower(self, size: int) -> bool:
-        plain, drafted = self.rate(size, False), self.rate(size, True)
+    def _slower(self, size: int, kind: str) -> bool:
+        plain, drafted = self.rate(size, PLAIN), self.rate(size, kind)
         return plain is not None and drafted is not None and drafted <= plain
 
 
@@ -285,15 +296,19 @@ class BatchDecoder:
         self.draft_cost = CostCurve()  # rows in a batched draft-LM forward -> seconds
         self.last_sizes: dict[int, int] = {}  # id(request) -> its last tree's size
         self.measured = StepRates()  # committed tokens per second of whole steps, plain against drafted
+        self.kind: str | None = None  # what the measured check chose for this step (None: it did not apply)
 
-    def add(self, pipeline: Pipeline, prompt_ids: torch.Tensor, stop: StopCondition, stats: DecodeStats) -> Request:
-        """Prefill a request (its pipeline's target must wrap the batch's model) and add it to the batch."""
+    def add(self, pipeline: Pipeline, prompt_ids: torch.Tensor, stop: StopCondition, stats: DecodeStats,
+            alternate: Pipeline | None = None) -> Request:
+        """Prefill a request (its pipeline's target must wrap the batch's model) and add it to the batch; with
+        ``alternate`` (:class:`~talon_sd.decoding.Request`: the same request with an n-gram drafter) each step's
+        measured check chooses which of the two drafts (:meth:`_share`)."""
         if pipeline.target.model is not self.target.model:
             raise TalonError("pipeline: its target is not the batch's target model")
         drafter = pipeline.drafter
         if isinstance(drafter, ModelDrafter) and drafter.lm.layout.has_sliding:
             raise TalonError("draft: sliding-window attention layers are not supported in batched decoding")
-        request = Request(pipeline, stop, stats)
+        request = Request(pipeline, stop, stats, alternate)
         request.start(prompt_ids)  # the target's prefill, alone; the draft LM's prompt waits for its first forward
         if isinstance(drafter, ModelDrafter):  # nothing of the batch changed before this point
             if id(drafter.lm.model) not in self.groups:
@@ -315,8 +330,8 @@ class BatchDecoder:
         row = self.requests.index(request)
         self.requests.pop(row)
         self.cache.remove(row)
-        drafter = request.pipeline.drafter
-        if isinstance(drafter, ModelDrafter) and isinstance(drafter.lm, _DraftRow):
+        drafter = _draft_lm_drafter(request)
+        if drafter is not None and isinstance(drafter.lm, _DraftRow):
             draft_row = drafter.lm
             draft_row.group.cache.remove(draft_row.row)
             draft_row.group.rows.remove(draft_row)
@@ -353,31 +368,42 @@ class BatchDecoder:
             committed.append((request, kept))
         seconds = time.perf_counter() - step_started
         catch_up = sum(request.forwards.catch_up_seconds or 0.0 for request in requests)  # paid once, priced apart
-        self.measured.add(len(requests), max(tree.size for tree in trees) > 1,
-                          sum(len(acceptance.new_tokens) for acceptance in acceptances), seconds - catch_up, catch_up)
+        if self.kind is not None:  # a kind's rate counts all its steps, root-only trees included
+            self.measured.add(len(requests), self.kind, sum(len(acceptance.new_tokens) for acceptance in acceptances),
+                              seconds - catch_up, catch_up)
         for request, _ in committed:
             if request.stop.reason is not None:
                 self.remove(request)
         return committed
 
     def _share(self, requests: list[Request]) -> None:
-        """Each request's budget this step: its controller's, but where two or more requests have an online budget
-        that has learned what trees accept, the batch shares one verify budget among those requests
-        (:func:`share_budget`; their own exploration steps are not taken: a probe of one request pads every
-        request's rows), priced by what the batch measured: seconds by rows computed (padded, R x the largest),
-        lockstep draft forwards, and for a request that drafts after plain steps its draft LM's catch-up, paid back
-        over the coming tokens as its own controller charges it (:meth:`~talon_sd.control.BudgetController.rates`).
-        Where every request shares, that model's choice is checked against the batch's measured steps
-        (:class:`StepRates`): plain unless drafted steps of this batch size measured faster than plain ones (or are
-        being measured)."""
+        """Each request's drafter and budget this step. Where two or more requests all have an online budget, the
+        batch's measured steps choose (:class:`StepRates`): all plain, or every request drafting with its draft LM
+        or with its n-gram drafter (a request's ``alternate``: no draft forward, so in a batch where the draft LM's
+        forwards cost more than they save it can still pay). Then, where two or more requests' budgets have learned
+        what trees accept, the batch shares one verify budget among them (:func:`share_budget`; their own
+        exploration steps are not taken: a probe of one request pads every request's rows), priced by what the
+        batch measured: seconds by rows computed (padded, R x the largest), lockstep draft forwards (for draft
+        LMs), and for a request that drafts after plain steps its draft LM's catch-up, paid back over the coming
+        tokens as its own controller charges it (:meth:`~talon_sd.control.BudgetController.rates`)."""
+        if len(requests) > 1 and all(p.controller is not None for r in requests for p in r.pipelines):
+            kinds = set.intersection(*({p.drafter.name for p in r.pipelines if p.drafter} for r in requests))
+            catch_ups = sorted((sum(catch_up_seconds(r, kind) for r in requests), kind) for kind in kinds)
+            cheapest_first = {kind: seconds for seconds, kind in catch_ups}
+            self.kind = self.measured.choose(len(requests), cheapest_first)
+            if self.kind == PLAIN:  # no request's own choice is asked for
+                for request in requests:
+                    request.plan = StepPlan(budget=1, reason="choice")
+                return
+            for request in requests:
+                request.use(self.kind)
+        else:
+            self.kind = None
+            for request in requests:
+                request.use(None)
         tables = {i: request.pipeline.controller.expected_tokens()
                   for i, request in enumerate(requests) if request.pipeline.controller is not None}
         shared = [i for i, table in tables.items() if len(table) > 1]
-        if len(shared) == len(requests) > 1 and not self.measured.drafting_pays(
-                len(requests), sum(map(catch_up_seconds, requests))):
-            for request in requests:  # the measured check says plain: no request's own choice is asked for
-                request.plan = StepPlan(budget=1, reason="choice")
-            return
         plans = [request.plan_step() for request in requests]
         if len(shared) < 2 or not self.verify_cost.points() or not self.draft_cost.points():
             return
@@ -386,11 +412,12 @@ class BatchDecoder:
         controllers = [requests[i].pipeline.controller for i in shared]
         charges = [catch_up_charge(requests[i]) for i in shared]  # seconds per committed token, when drafting
         shared_tables = [tables[i] for i in shared]
+        draft_cost = self.draft_cost if any(isinstance(r.pipeline.drafter, ModelDrafter) for r in requests) else None
 
         def seconds(budgets: list[int]) -> float:
             catch_up = sum(charge * table[budget] for charge, table, budget in zip(charges, shared_tables, budgets)
                            if budget > 1)
-            return step_seconds(budgets, controllers, other_sizes, self.verify_cost, self.draft_cost) + catch_up
+            return step_seconds(budgets, controllers, other_sizes, self.verify_cost, draft_cost) + catch_up
 
         for i, budget in zip(shared, share_budget(shared_tables, seconds)):
             requests[i].plan = StepPlan(budget=budget, reason="choice")
@@ -450,12 +477,13 @@ class BatchDecoder:
 
 
 def step_seconds(budgets: list[int], controllers: list, other_sizes: list[int], verify_cost: CostCurve,
-                 draft_cost: CostCurve) -> float:
+                 draft_cost: CostCurve | None) -> float:
     """Expected seconds of a batched step where request i (``controllers[i]``'s) gets ``budgets[i]`` and the rest of
     the batch trees of ``other_sizes``. Rows are padded to the largest tree, so the target computes R x the largest
     rows; the draft LM runs as many lockstep forwards as the request needing most, each over R x the widest
     request's rows of a forward, as each controller saw its budget's trees forward
-    (:meth:`talon_sd.control.Value.shape`; ``log2(budget)`` forwards where unseen)."""
+    (:meth:`talon_sd.control.Value.shape`; ``log2(budget)`` forwards where unseen); ``draft_cost`` None: drafters
+    that run no forward."""
     sizes = list(budgets) + list(other_sizes)
     forwards, width = 0.0, 0.0
     for controller, budget in zip(controllers, budgets):
@@ -464,16 +492,23 @@ def step_seconds(budgets: list[int], controllers: list, other_sizes: list[int], 
             count = sum(widths.values())
             forwards = max(forwards, count)
             width = max(width, sum(w * n for w, n in widths.items()) / count)
-    draft = forwards * draft_cost(len(sizes) * width) if forwards else 0.0
+    draft = forwards * draft_cost(len(sizes) * width) if forwards and draft_cost is not None else 0.0
     return verify_cost(len(sizes) * max(sizes)) + draft
 
 
-def catch_up_seconds(request: Request) -> float:
-    """What ``request``'s draft LM's catch-up (the committed tokens it has not forwarded) costs if it drafts now, as
-    its controller prices it."""
-    drafter, controller = request.pipeline.drafter, request.pipeline.controller
+def catch_up_seconds(request: Request, drafter_name: str | None = None) -> float:
+    """What the catch-up of ``request``'s drafter (the one named, else the one it runs now) costs if it drafts now
+    (a draft LM's committed tokens it has not forwarded), as that pipeline's controller prices it."""
+    pipeline = next(p for p in request.pipelines if p.drafter is not None and p.drafter.name == drafter_name) \
+        if drafter_name is not None else request.pipeline
+    drafter, controller = pipeline.drafter, pipeline.controller
     tokens = drafter.catch_up_tokens if drafter is not None else 0
     return controller.catch_up_seconds(tokens) if tokens else 0.0
+
+
+def _draft_lm_drafter(request: Request) -> ModelDrafter | None:
+    """The request's draft-LM drafter, whichever pipeline runs now."""
+    return next((p.drafter for p in request.pipelines if isinstance(p.drafter, ModelDrafter)), None)
 
 
 def catch_up_charge(request: Request) -> float:
@@ -483,7 +518,8 @@ def catch_up_charge(request: Request) -> float:
     return catch_up_seconds(request) / min(left, request.pipeline.controller.settings.horizon)
 
 
-def decode_batch(target: CausalLM, requests: Iterable[tuple[Pipeline, torch.Tensor, StopCondition, DecodeStats]]):
+def decode_batch(target: CausalLM, requests: Iterable[tuple[Pipeline, torch.Tensor, StopCondition, DecodeStats,
+                                                           Pipeline | None]]):
     """Decode requests together until all stop: yields ``(index, token)`` in commit order, ``index`` the
     request's place in ``requests``. Each request's tokens are those :func:`talon_sd.decoding.decode` gives it
     alone (module docstring: up to near-ties)."""

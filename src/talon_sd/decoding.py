@@ -115,13 +115,22 @@ class Request:
     Invariant at the top of each step: the target's cache holds every committed token except the last one,
     :attr:`root`, which is node 0 of the next tree; :attr:`context` is its position."""
 
-    def __init__(self, pipeline: Pipeline, stop: StopCondition, stats: DecodeStats) -> None:
+    def __init__(self, pipeline: Pipeline, stop: StopCondition, stats: DecodeStats,
+                 alternate: Pipeline | None = None) -> None:
+        """``alternate``: a second pipeline on the same target and sampling with another drafter that reads no target
+        states (a batch's n-gram drafter beside a draft LM, :mod:`talon_sd.batch`); :meth:`use` chooses between them
+        before a step, and every drafter sees every commit."""
         self.pipeline, self.stop, self.stats = pipeline, stop, stats
+        self.pipelines = [pipeline] + ([alternate] if alternate is not None else [])
+        if alternate is not None and (alternate.drafter is None or alternate.drafter.feature_layers
+                                      or alternate.drafter.name == getattr(pipeline.drafter, "name", None)):
+            raise ValueError("alternate: a pipeline with another drafter that reads no target states")
         sampling = pipeline.sampling
         if not sampling.greedy:
             stats.seed = sampling.seed if sampling.seed is not None else int.from_bytes(os.urandom(7), "little")
         self.noise = None if sampling.greedy else PositionNoise(stats.seed)
-        self.clock = _DraftClock(pipeline.drafter)
+        self.clocks = [_DraftClock(p.drafter) for p in self.pipelines]
+        self.clock = self.clocks[0]
         self.capture = pipeline.drafter.feature_layers if pipeline.drafter is not None else ()  # target states read
         self.root, self.context = -1, 0
         self.plan: StepPlan | None = None
@@ -136,8 +145,17 @@ class Request:
         features = target.prefill(prompt_ids[:-1], self.capture)
         if drafter is not None:
             drafter.start(prompt_ids, features)
+        for other in self.pipelines[1:]:
+            other.drafter.start(prompt_ids)
         self.stats.seconds_prefill += time.perf_counter() - started
         self.root, self.context = int(prompt_ids[-1]), int(prompt_ids.numel()) - 1
+
+    def use(self, drafter_name: str | None) -> None:
+        """Run the next steps with the pipeline whose drafter is ``drafter_name`` (one of :attr:`pipelines`'), or
+        None: the request's own."""
+        names = [p.drafter.name if p.drafter is not None else None for p in self.pipelines]
+        index = 0 if drafter_name is None else names.index(drafter_name)
+        self.pipeline, self.clock = self.pipelines[index], self.clocks[index]
 
     def draft(self) -> DraftTree:
         """Plan this step's budget, draft and build the tree from :attr:`root`."""
@@ -179,6 +197,9 @@ class Request:
         pipeline, plan, forwards = self.pipeline, self.plan, self.forwards
         if pipeline.drafter is not None:
             pipeline.drafter.accept(tree, acceptance, None if features is None else features[acceptance.path])
+        for other in self.pipelines:  # an idle drafter takes the tokens as after a plain step (its catch-up)
+            if other is not pipeline:
+                other.drafter.accept(tree, acceptance)
         self.stats.observe(tree, acceptance, forwards.count, plan.budget if plan else tree.size,
                            plan.reason if plan else "")
         other_seconds = self.other_seconds + time.perf_counter() - started

@@ -71,6 +71,7 @@ class PreparedRequest:
     stop: StopCondition
     stats: DecodeStats
     key: tuple[str, str, bool]  # (method, drafter, sampled)
+    alternate: Pipeline | None = None  # with a draft LM and an online budget: the n-gram drafter's, for batches
 
 
 class TextAssembler:
@@ -297,7 +298,7 @@ class SpeculativeGenerator:
         gives one value per prompt, e.g. ``max_new_tokens=[64, 16]`` or ``seed=[1, 2]``. Each result is the one
         :meth:`generate` gives for its prompt alone (up to floating-point near-ties, as for trees). With
         ``budget="auto"`` the requests start from what earlier calls learned and the batch shares one verify budget
-        among them; what the batch measures is not carried to later calls (its costs are a batch's, not a request's)."""
+        among them (drafting with the draft LMs, or with n-gram drafters where those measured faster); what the batch measures is not carried to later calls (its costs are a batch's, not a request's)."""
         from .batch import decode_batch
 
         if not isinstance(prompts, (list, tuple)) or not prompts:
@@ -312,7 +313,7 @@ class SpeculativeGenerator:
                 prompt, mine["input_ids"] = None, prompt
             requests.append(self.prepare(prompt, **mine))  # every request checked before any decoding
         token_ids: list[list[int]] = [[] for _ in requests]
-        parts = [(r.pipeline, r.prompt_ids, r.stop, r.stats) for r in requests]
+        parts = [(r.pipeline, r.prompt_ids, r.stop, r.stats, r.alternate) for r in requests]
         for index, token in decode_batch(CausalLM(self.target_model, role="target"), parts):
             token_ids[index].append(token)
         return [self._result(ids, r.stats, r.stop) for ids, r in zip(token_ids, requests)]
@@ -362,14 +363,23 @@ class SpeculativeGenerator:
         controller = self._controller(tree_config, sampling, drafter_name)
         stats = DecodeStats(method=tree_config.label)
         pipeline = Pipeline(target, drafter, make_builder(tree_config), sampling, controller)
-        return PreparedRequest(pipeline, prompt_ids, stop, stats, (tree_config.method, drafter_name, not sampling.greedy))
+        alternate = None
+        if controller is not None and isinstance(drafter, ModelDrafter):  # a batch may find the n-gram drafter cheaper
+            alternate = Pipeline(target, NgramDrafter(self.target.vocab_size), make_builder(tree_config), sampling,
+                                 self._controller(tree_config, sampling, NgramDrafter.name))
+        return PreparedRequest(pipeline, prompt_ids, stop, stats, (tree_config.method, drafter_name, not sampling.greedy),
+                               alternate)
 
     def remember(self, request: "PreparedRequest") -> None:
-        """Start the next auto-budget calls of ``request``'s kind from what its controller learned."""
-        controller = request.pipeline.controller
-        if controller is not None and controller.verify.samples:
-            with self._lock:
-                self._learned[request.key] = controller
+        """Start the next auto-budget calls of ``request``'s kind (and of its n-gram alternate's, where a batch ran
+        it) from what their controllers learned."""
+        method, drafter_name, sampled = request.key
+        for pipeline in [request.pipeline] + ([request.alternate] if request.alternate is not None else []):
+            controller = pipeline.controller
+            if controller is not None and controller.verify.samples:
+                with self._lock:
+                    name = pipeline.drafter.name if pipeline.drafter is not None else drafter_name
+                    self._learned[(method, name, sampled)] = controller
 
     # ------------------------------------------------------------------ internals
     def _tokens(self, prompt: Prompt, options: dict):

@@ -153,7 +153,8 @@ class BatchedEngine(BatchOneEngine):
             raise TalonError(f"max_batch: the batch already runs {self.max_batch} requests")
         prompt_ids, max_new_tokens = self._checked(request)
         prepared = self.generator.prepare(input_ids=prompt_ids, **_options(request, max_new_tokens))
-        batched = self.decoder.add(prepared.pipeline, prepared.prompt_ids, prepared.stop, prepared.stats)
+        batched = self.decoder.add(prepared.pipeline, prepared.prompt_ids, prepared.stop, prepared.stats,
+                                      prepared.alternate)
         running = Running(prepared, batched, self.generator.text_assembler(prepared.stop), max_new_tokens)
         self.running.append(running)
         return running
