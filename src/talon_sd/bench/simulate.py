@@ -63,6 +63,11 @@ AVX2_FP32_MS = {"target": {1: 550, 2: 868, 4: 979, 8: 1031, 16: 1214, 32: 1596, 
                 "draft": {1: 199, 2: 318, 4: 357, 8: 371, 16: 489, 32: 627, 64: 900}}
 AVX2_INT8_MS = {"target": {1: 406, 2: 610, 4: 647, 8: 688, 16: 875, 24: 971, 32: 1130, 64: 1913},
                 "draft": {1: 54, 2: 58, 4: 61, 8: 72, 16: 112, 24: 148, 32: 192, 64: 364}}
+# the same machine (2026-12-06) as the decoding loop pays it: plain steps as docs/bench/sweep-avx2-t1's plain decoding
+# (284 ms a step), trees as scripts/forward_costs.py --variants float32:auto:auto times them x 0.92, which matches
+# that run's fixed N = 4 and 16 verify steps (540, 790 ms)
+AVX2_LOOP_MS = {"target": {1: 284, 2: 474, 4: 531, 8: 594, 12: 678, 16: 811, 24: 929, 32: 1124, 64: 1885},
+                "draft": {1: 63, 2: 61, 4: 67, 8: 78, 12: 98, 16: 142, 24: 165, 32: 216, 64: 443}}
 # Intel Xeon with AMX: float32 with torch's own kernels (a 2-token verify 1.04x one token, 4 tokens 1.9x), and bf16
 INTEL_FP32_MS = {"target": {1: 232, 2: 243, 4: 450, 8: 636, 16: 656, 32: 752, 64: 1100},
                  "draft": {1: 88, 2: 91, 4: 178, 8: 216, 16: 248, 32: 284, 64: 420}}
@@ -100,6 +105,7 @@ HARDWARE = {  # the sources of each are in git history (docs/BENCHMARKS.md befor
     "avx2-fp32-steep": Hardware({1: 290, 2: 540, 4: 668, 8: 760, 16: 880, 32: 1200, 64: 2150},
                                 {1: 160, 2: 204, 4: 239, 8: 288, 16: 320, 32: 440, 64: 720}, 0.015, 0.008, 0.3, 0.027),
     "avx2-fp32-int8": Hardware(AVX2_INT8_MS["target"], AVX2_INT8_MS["draft"], 0.015, 0.004, 0.3, 0.024),
+    "avx2-fp32-int8-loop": Hardware(AVX2_LOOP_MS["target"], AVX2_LOOP_MS["draft"], 0.015, 0.004, 0.3, 0.024),
     "epyc-fp32-default": Hardware({1: 448, 2: 837, 4: 786, 8: 787, 12: 1002, 16: 1064, 20: 1209, 24: 1184, 32: 1315,
                                    48: 1772, 64: 2147},
                                   {1: 137, 2: 278, 4: 252, 8: 251, 12: 281, 16: 316, 20: 373, 24: 390, 32: 460,
