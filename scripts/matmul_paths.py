@@ -9,6 +9,8 @@ the paths torch offers on a CPU without extra packages:
 * ``int8-dynamic``   torch.ao dynamic quantization (int8 weights, fbgemm / onednn kernels)
 * ``int4-kernel``    the kernel of ``--quantize int4`` (talon_sd.quantize, int4 groups of 32, bfloat16 inputs)
 * ``int8-kernel``    the kernel of ``--quantize int8`` (int8 per output channel, bfloat16 inputs)
+* ``int4-native``, ``int8-native``  the same weights through talon_sd.kernels (float32 inputs, int8 per group of
+                     32 inside): what ``--quantize int4`` / ``int8`` run in a float32 model
 
 Prints the machine, then per path the median milliseconds, the ratio of M = 2 to M = 1, and how far its
 output is from float32 (the effect on output identity: anything but fp32 and fp32-mkldnn changes the logits
@@ -37,6 +39,7 @@ from types import SimpleNamespace
 import torch
 
 from talon_sd.attention import grouped_attention_forward
+from talon_sd.kernels import native
 from talon_sd.quantize import Int4Linear, Int8Linear, int4_from_float, int8_from_float
 
 HEADS, KV_HEADS, HEAD_DIM = 12, 2, 128  # the packaged target's attention
@@ -74,6 +77,11 @@ def paths(linear: torch.nn.Linear) -> dict:
         made["int8-kernel"] = (int8._rows_times_weight, torch.bfloat16)
     except Exception as error:  # builds without those CPU kernels
         print(f"int4/int8 kernels unavailable: {error}")
+    if native() is not None:
+        made["int4-native"] = (Int4Linear(int4_from_float(linear.weight), None, torch.float32)._rows_times_weight,
+                               torch.float32)
+        made["int8-native"] = (Int8Linear(*int8_from_float(linear.weight), None, torch.float32)._rows_times_weight,
+                               torch.float32)
     return made
 
 

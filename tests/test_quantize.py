@@ -12,8 +12,9 @@ import torch
 from conftest import VOCAB, plain_greedy, tiny_model
 from helpers import make_drafter, run
 from talon_sd.config import TreeConfig
+from talon_sd.kernels import as_quantized, native
 from talon_sd.quantize import (
-    GROUP_SIZE, QUANTIZED_ROWS, Int4Linear, Int4Weight, Int8Linear, int4_from_float, int4_from_q4k, int8_from_float,
+    GROUP_SIZE, NATIVE_ROWS, QUANTIZED_ROWS, Int4Linear, Int4Weight, Int8Linear, int4_from_float, int4_from_q4k, int8_from_float,
     quantize_linears,
 )
 
@@ -84,7 +85,7 @@ def test_a_gguf_q4k_tensor_is_used_where_it_matches_the_loaded_weight(tmp_path):
     assert counts == {"int4 (Q4_K)": 1, "int4": 13, "int8": 1}
     layer0 = model.model.layers[0].mlp.down_proj
     x = torch.randn(3, 256)
-    assert torch.equal(layer0(x), Int4Linear(int4_from_q4k(raw), None)(x))
+    assert torch.equal(layer0(x), Int4Linear(int4_from_q4k(raw), None, torch.float32)(x))  # the model is float32
 
 
 @pytest.mark.parametrize("mode", ["int4", "int8"])
@@ -122,3 +123,24 @@ def test_load_model_quantizes_on_request_and_names_a_bad_setting(tmp_path, monke
     assert models.gguf_of(loaded.source) is None  # a saved folder, no GGUF behind it
     with pytest.raises(TalonError, match="^quantize: got 'int3', expected 'none', 'int4' or 'int8'"):
         models.load_model(str(folder), dtype="float32", device="cpu", quantize="int3")
+
+
+@pytest.mark.skipif(native() is None, reason="the native kernels need AVX2 and a compiler")
+@pytest.mark.parametrize("in_features", [96, 256])  # 3 groups (padded to a block of 8) and a whole block
+def test_native_kernels_in_float32_models(in_features):
+    torch.manual_seed(1)
+    weight, bias = torch.randn(40, in_features), torch.randn(40)
+    q, scale = int8_from_float(weight)
+    for linear in (Int4Linear(int4_from_float(weight), bias, torch.float32),
+                   Int8Linear(q, scale, bias, torch.float32)):
+        assert linear.native and linear.limit == NATIVE_ROWS
+        x = torch.randn(NATIVE_ROWS + 3, in_features)
+        few = linear(x[:9])  # the kernel: activations int8 per group of 32
+        expected = as_quantized(x[:9]) @ linear.dense.T + bias  # the same numbers, summed in another order
+        assert few.dtype == torch.float32
+        assert torch.allclose(few, expected, rtol=1e-5, atol=1e-5 * float(expected.abs().max()))
+        assert (few - (x[:9] @ linear.dense.T + bias)).abs().max() < 0.05 * expected.abs().max()  # near the float product
+        for row in (0, 4, 8):  # a row's result does not depend on the rows beside it
+            assert torch.equal(linear(x[row:row + 1]), few[row:row + 1])
+        many = linear(x)  # more rows than NATIVE_ROWS: the dense copy on the kernel's quantized activations
+        assert torch.allclose(many[:9], few, rtol=1e-5, atol=1e-5 * float(expected.abs().max()))

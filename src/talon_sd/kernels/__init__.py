@@ -1,0 +1,76 @@
+"""Native CPU kernels: float32 activations times int4 / int8 weights (``qmatmul.cpp``, AVX2 + FMA).
+
+:func:`native` builds them on first use with torch's C++ extension loader (a compiler and ninja needed; about a
+minute, then cached under ``~/.cache/torch_extensions``) and returns the module, or None where the CPU lacks AVX2,
+the build fails (logged once) or ``TALON_NATIVE_KERNELS=0``. Their contract (``qmatmul.cpp``): each activation row
+is quantized to int8 per group of 32, a group's integer products summed exactly, so a row's result depends on that
+row and the weight only, never on the other rows of the call.
+
+    int4_matmul(x [M, K] float32, packed [N, Gp * 16] uint8, scale [N, Gp] bfloat16, zero [N, Gp] bfloat16)
+        -> [M, N] float32, w = (q - 8) * scale + zero per group of 32 (:func:`pack_int4`, :func:`pad_columns`)
+    int8_matmul(x [M, K] float32, q [N, Gp * 32] int8, scale [N] float32) -> [M, N] float32, w = q * scale per row
+
+``Gp`` is K / 32 rounded up to a multiple of 8 (:func:`padded_groups`): weights are padded with zero groups so
+that the kernels scale eight groups at a time.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import pathlib
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+@functools.lru_cache(maxsize=None)
+def native():
+    """The compiled kernels' module, or None where they cannot run here (module docstring)."""
+    if os.environ.get("TALON_NATIVE_KERNELS", "1") == "0":
+        return None
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        return None
+    try:
+        from torch.utils import cpp_extension
+
+        source = pathlib.Path(__file__).with_name("qmatmul.cpp")
+        return cpp_extension.load(name="talon_sd_qmatmul", sources=[str(source)],
+                                  extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
+    except Exception as error:  # no compiler, no ninja, a failed build: torch's own kernels run instead
+        logger.warning("native int4/int8 kernels unavailable (%s); using torch's", error)
+        return None
+
+
+GROUP, BLOCK = 32, 8  # inputs per group, groups the kernels scale at once
+
+
+def padded_groups(in_features: int) -> int:
+    """Groups of 32 of ``in_features`` inputs, rounded up to a multiple of 8."""
+    return -(-in_features // GROUP // BLOCK) * BLOCK
+
+
+def pad_columns(t: torch.Tensor, columns: int) -> torch.Tensor:
+    """t [N, C] -> [N, columns] with zeros after column C."""
+    padded = torch.zeros(t.shape[0], columns, dtype=t.dtype)
+    padded[:, :t.shape[1]] = t
+    return padded.contiguous()
+
+
+def as_quantized(x: torch.Tensor) -> torch.Tensor:
+    """x [M, K] float32 as the kernels quantize it, back in float32: per group of 32, scale = max |x| / 127 and
+    q = round(x * (1 / scale)) (half to even), bit for bit as ``qmatmul.cpp`` does; times a dense copy of the
+    weight it gives the kernels' products up to float32 summation order."""
+    groups = x.reshape(x.shape[0], -1, GROUP)  # [M, K / 32, 32]
+    scale = groups.abs().amax(dim=-1, keepdim=True) / 127  # [M, K / 32, 1]
+    inverse = torch.where(scale > 0, 1 / scale, torch.zeros_like(scale))
+    return (torch.round(groups * inverse).clamp(-128, 127) * scale).reshape(x.shape)
+
+
+def pack_int4(q: torch.Tensor) -> torch.Tensor:
+    """q [N, K] in 0..15 -> [N, Gp * 16] uint8: per pair of groups of 32, byte j = first[j] | second[j] << 4."""
+    groups = padded_groups(q.shape[1])
+    pairs = pad_columns(q.to(torch.uint8), groups * GROUP).reshape(q.shape[0], groups // 2, 2, GROUP)
+    return (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(q.shape[0], -1).contiguous()
