@@ -51,9 +51,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .kernels import as_quantized, native, pack_int4, pad_columns, padded_groups
+from .kernels import GROUP, as_quantized, native, pack_int4, pad_columns, padded_groups
 
-GROUP_SIZE = 32  # weights per int4 group (one Q4_K sub-block)
+GROUP_SIZE = GROUP  # weights per int4 group (one Q4_K sub-block; the native kernels' group)
 Q4K_BLOCK_BYTES = 144  # d (f16), dmin (f16), 12 bytes of 6-bit scales and mins, 128 bytes of 4-bit quants
 HIGH_PRECISION = ("Q6_K", "Q8_0", "Q8_K")  # GGUF types that go to int8, not int4
 QUANTIZED_ROWS = 4  # calls of more rows run the dense copy (module docstring)

@@ -4,7 +4,7 @@
 //   int4:  w = (q - 8) * scale + zero per group of 32 inputs (q in 0..15; scale, zero bfloat16), a pair of
 //          groups in 32 bytes, byte j holding the first group's q[j] in its low nibble, the second's in its high;
 //   int8:  w = q * scale per output row (q in -127..127, scale float32).
-// Weights are padded with zero groups to a whole number of blocks of 8 groups (talon_sd.kernels.pad_groups).
+// Weights are padded with zero groups to a whole number of blocks of 8 groups (talon_sd.kernels.padded_groups, pad_columns).
 // Each row of x is quantized to int8 per group of 32 (scale = max |x| / 127, x * (1 / scale) rounded to nearest
 // even: talon_sd.kernels.as_quantized does the same in torch); a group's products sum_j q_w[j] * q_x[j] are exact
 // in int32, then scaled in float32, eight groups at a time. A row's result depends on that row and the weight
@@ -15,7 +15,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <cstring>
+#include <type_traits>
 
 namespace {
 
@@ -105,6 +105,20 @@ Rows quantize_checked(const torch::Tensor& x, int64_t padded_groups, const char*
   return quantize(x);
 }
 
+// The eight groups' products of one block, in order: product(j, x) gives group j's 16 int16 pair sums with the
+// activations x (32 int8).
+template <typename Product>
+inline __m256i block_dots(const int8_t* a, const Product& product) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i d[kBlock];
+#pragma GCC unroll 8
+  for (int j = 0; j < kBlock; ++j) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + j * kGroup));
+    d[j] = _mm256_madd_epi16(product(j, x), ones);
+  }
+  return totals(d);
+}
+
 // One output n of the int4 weight for R activation rows starting at m0 (Gp groups, whole blocks).
 template <int R>
 void int4_output(const uint8_t* wn, const uint16_t* sn, const uint16_t* zn, const Rows& rows, int64_t m0,
@@ -114,7 +128,6 @@ void int4_output(const uint8_t* wn, const uint16_t* sn, const uint16_t* zn, cons
   const float* asum = rows.sum.data_ptr<float>();
   const int64_t Gp = rows.groups;
   const __m256i low = _mm256_set1_epi8(0x0F);
-  const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t g0 = 0; g0 < Gp; g0 += kBlock) {
@@ -134,14 +147,9 @@ void int4_output(const uint8_t* wn, const uint16_t* sn, const uint16_t* zn, cons
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       const int64_t m = m0 + r;
-      const int8_t* a = aq + (m * Gp + g0) * kGroup;
-      __m256i d[kBlock];
-#pragma GCC unroll 8
-      for (int j = 0; j < kBlock; ++j) {
-        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + j * kGroup));
-        d[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(w[j], x), ones);
-      }
-      const __m256 dots = _mm256_cvtepi32_ps(totals(d));
+      const __m256 dots = _mm256_cvtepi32_ps(block_dots(aq + (m * Gp + g0) * kGroup, [&](int j, __m256i x) {
+        return _mm256_maddubs_epi16(w[j], x);  // unsigned 4-bit q times signed int8 x
+      }));
       acc[r] = _mm256_fmadd_ps(dots, _mm256_mul_ps(s8, _mm256_loadu_ps(as + m * Gp + g0)), acc[r]);
       acc[r] = _mm256_fmadd_ps(o8, _mm256_loadu_ps(asum + m * Gp + g0), acc[r]);
     }
@@ -155,7 +163,6 @@ void int8_output(const int8_t* wn, float scale, const Rows& rows, int64_t m0, fl
   const int8_t* aq = rows.q.data_ptr<int8_t>();
   const float* as = rows.scale.data_ptr<float>();
   const int64_t Gp = rows.groups;
-  const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t g0 = 0; g0 < Gp; g0 += kBlock) {
@@ -165,23 +172,27 @@ void int8_output(const int8_t* wn, float scale, const Rows& rows, int64_t m0, fl
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       const int64_t m = m0 + r;
-      const int8_t* a = aq + (m * Gp + g0) * kGroup;
-      __m256i d[kBlock];
-#pragma GCC unroll 8
-      for (int j = 0; j < kBlock; ++j) {
+      const __m256i dots = block_dots(aq + (m * Gp + g0) * kGroup, [&](int j, __m256i x) {
         const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wn + (g0 + j) * kGroup));
-        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + j * kGroup));
-        d[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)), ones);
-      }
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(totals(d)), _mm256_loadu_ps(as + m * Gp + g0), acc[r]);
+        return _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));  // |w| times x signed as w
+      });
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots), _mm256_loadu_ps(as + m * Gp + g0), acc[r]);
     }
   }
   for (int r = 0; r < R; ++r) out[(m0 + r) * N + n] = hsum(acc[r]) * scale;
 }
 
+// calls output(m0, std::integral_constant<int, R>) over chunks of R <= kRows rows (R a compile-time constant)
 template <typename Output>
-void for_rows(int64_t M, const Output& output) {  // calls output(m0, R) over chunks of at most kRows rows
-  for (int64_t m0 = 0; m0 < M; m0 += kRows) output(m0, static_cast<int>(std::min<int64_t>(kRows, M - m0)));
+void for_rows(int64_t M, const Output& output) {
+  for (int64_t m0 = 0; m0 < M; m0 += kRows) {
+    switch (std::min<int64_t>(kRows, M - m0)) {
+      case 1: output(m0, std::integral_constant<int, 1>{}); break;
+      case 2: output(m0, std::integral_constant<int, 2>{}); break;
+      case 3: output(m0, std::integral_constant<int, 3>{}); break;
+      default: output(m0, std::integral_constant<int, kRows>{});
+    }
+  }
 }
 
 }  // namespace
@@ -207,14 +218,7 @@ torch::Tensor int4_matmul(torch::Tensor x, torch::Tensor packed, torch::Tensor s
     for (int64_t n = begin; n < end; ++n) {
       const uint8_t* wn = w + n * G * 16;
       const uint16_t *sn = ws + n * G, *zn = wz + n * G;
-      for_rows(M, [&](int64_t m0, int count) {
-        switch (count) {
-          case 1: int4_output<1>(wn, sn, zn, rows, m0, out, N, n); break;
-          case 2: int4_output<2>(wn, sn, zn, rows, m0, out, N, n); break;
-          case 3: int4_output<3>(wn, sn, zn, rows, m0, out, N, n); break;
-          default: int4_output<4>(wn, sn, zn, rows, m0, out, N, n);
-        }
-      });
+      for_rows(M, [&](int64_t m0, auto R) { int4_output<decltype(R)::value>(wn, sn, zn, rows, m0, out, N, n); });
     }
   });
   return y;
@@ -236,14 +240,7 @@ torch::Tensor int8_matmul(torch::Tensor x, torch::Tensor q, torch::Tensor scale)
   at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
       const int8_t* wn = w + n * G * kGroup;
-      for_rows(M, [&](int64_t m0, int count) {
-        switch (count) {
-          case 1: int8_output<1>(wn, ws[n], rows, m0, out, N, n); break;
-          case 2: int8_output<2>(wn, ws[n], rows, m0, out, N, n); break;
-          case 3: int8_output<3>(wn, ws[n], rows, m0, out, N, n); break;
-          default: int8_output<4>(wn, ws[n], rows, m0, out, N, n);
-        }
-      });
+      for_rows(M, [&](int64_t m0, auto R) { int8_output<decltype(R)::value>(wn, ws[n], rows, m0, out, N, n); });
     }
   });
   return y;
