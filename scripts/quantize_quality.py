@@ -30,7 +30,7 @@ def weight_bytes(model) -> int:
     total = 0
     for module in model.modules():
         tensors = [t for name, t in module.named_buffers(recurse=False) if name in ("packed", "q", "scales_and_zeros",
-                                                                                  "scale")]
+                                                                                  "scale", "zero")]
         if isinstance(module, torch.nn.Linear):
             tensors.append(module.weight)
         total += sum(t.numel() * t.element_size() for t in tensors)

@@ -14,7 +14,7 @@ from helpers import make_drafter, run
 from talon_sd.config import TreeConfig
 from talon_sd.kernels import as_quantized, native
 from talon_sd.quantize import (
-    GROUP_SIZE, NATIVE_ROWS, QUANTIZED_ROWS, Int4Linear, Int4Weight, Int8Linear, int4_from_float, int4_from_q4k, int8_from_float,
+    GROUP_SIZE, QUANTIZED_ROWS, Int4Linear, Int4Weight, Int8Linear, int4_from_float, int4_from_q4k, int8_from_float,
     quantize_linears,
 )
 
@@ -129,18 +129,19 @@ def test_load_model_quantizes_on_request_and_names_a_bad_setting(tmp_path, monke
 @pytest.mark.parametrize("in_features", [96, 256])  # 3 groups (padded to a block of 8) and a whole block
 def test_native_kernels_in_float32_models(in_features):
     torch.manual_seed(1)
-    weight, bias = torch.randn(40, in_features), torch.randn(40)
+    weight, bias = torch.randn(42, in_features), torch.randn(42)  # 42 outputs: the last int4 tile of eight part-filled
+    int4 = int4_from_float(weight)
     q, scale = int8_from_float(weight)
-    for linear in (Int4Linear(int4_from_float(weight), bias, torch.float32),
-                   Int8Linear(q, scale, bias, torch.float32)):
-        assert linear.native and linear.limit == NATIVE_ROWS
-        x = torch.randn(NATIVE_ROWS + 3, in_features)
-        few = linear(x[:9])  # the kernel: activations int8 per group of 32
-        expected = as_quantized(x[:9]) @ linear.dense.T + bias  # the same numbers, summed in another order
-        assert few.dtype == torch.float32
-        assert torch.allclose(few, expected, rtol=1e-5, atol=1e-5 * float(expected.abs().max()))
-        assert (few - (x[:9] @ linear.dense.T + bias)).abs().max() < 0.05 * expected.abs().max()  # near the float product
-        for row in (0, 4, 8):  # a row's result does not depend on the rows beside it
-            assert torch.equal(linear(x[row:row + 1]), few[row:row + 1])
-        many = linear(x)  # more rows than NATIVE_ROWS: the dense copy on the kernel's quantized activations
-        assert torch.allclose(many[:9], few, rtol=1e-5, atol=1e-5 * float(expected.abs().max()))
+    bf16 = lambda t: t.to(torch.bfloat16).float()  # the kernels keep scales (and int4 zeros) in bfloat16
+    for linear, dense in [(Int4Linear(int4, bias, torch.float32), Int4Weight(int4.q, bf16(int4.scale), bf16(int4.zero)).dequantize()),
+                          (Int8Linear(q, scale, bias, torch.float32), q.float() * bf16(scale)[:, None])]:
+        assert linear.native and linear.dense is None  # no dense copy: every call runs the kernel
+        x = torch.randn(70, in_features)  # more rows than any tree: a prefill
+        y = linear(x)
+        expected = as_quantized(x) @ dense.T + bias  # activations int8 per group of 32: the same numbers, summed in another order
+        assert y.dtype == torch.float32
+        assert torch.allclose(y, expected, rtol=1e-5, atol=1e-5 * float(expected.abs().max()))
+        assert (y - (x @ dense.T + bias)).abs().max() < 0.05 * expected.abs().max()  # near the float product
+        for row in (0, 4, 8, 69):  # a row's result does not depend on the rows beside it
+            assert torch.equal(linear(x[row:row + 1]), y[row:row + 1])
+        assert torch.equal(linear(x[3:12]), y[3:12])

@@ -6,8 +6,11 @@ two bytes a weight; these linears read half a byte (int4) or one (int8). Two ker
 * **float32 models** (the default dtype on CPUs without AVX512-BF16 or AMX): :mod:`talon_sd.kernels`' native AVX2
   kernels, built on first use. They quantize each activation row to int8 per group of 32 and sum a group's
   integer products exactly; one [M, 1536] x [1536, 8960] linear on the AVX2 EPYC, 28 distinct weights, M = 1 / 4 /
-  16 / 64: int4 0.49 / 0.94 / 4.0 / 18.4 ms, against torch's int4 kernel 1.14 / 1.74 / 8.1 / 28.3 ms and float32
-  2.8 / 9.7 / 13.3 / 20.4 ms (``scripts/matmul_paths.py --copies 28``). Without AVX2 or a compiler, torch's kernels;
+  16 / 64: int4 @N1@ ms, against torch's int4 kernel @T1@ ms and float32 @F1@ ms
+  (``scripts/matmul_paths.py --copies 28``). They run every call, prefills included (at 256 / 512 rows as fast
+  as the float32 matmul: 53 / 111 ms against 55 / 106, ``--sizes 256,512``), so these linears keep no dense copy
+  and an int4 model takes the memory of its quantized weights (the 1.5B target: 3.4 GB resident against 9.7 with
+  a dense copy). Without AVX2 or a compiler, torch's kernels;
 * **bfloat16 models**: torch's own CPU kernels (``aten._weight_int4pack_mm_for_cpu``, ``aten._weight_int8pack_mm``,
   vectorized for bfloat16 activations on AVX2 and AVX512).
 
@@ -26,38 +29,35 @@ does (an int4 head would read one row of the 1.5B target's in 6.6 ms against 13.
 with the dequantized model's argmax on 94.3% of positions against 98.9%); the token embedding is a lookup and stays
 as loaded.
 
-**Many rows run dense.** Torch's kernels cost more per row past a few rows (they dequantize per block of rows): one
-[M, 1536] x [1536, 8960] linear, M = 1 / 4 / 8 / 16 / 64 rows, 0.40 / 0.78 / 1.59 / 2.66 / 10.95 ms int4 against
-1.20 / 1.45 / 1.39 / 2.21 / 5.47 ms bfloat16 (same machine; ``scripts/matmul_paths.py``), so a call of more than
-:data:`QUANTIZED_ROWS` rows (a prefill, a wide tree) multiplies by a dense copy of the same weight, kept in the dtype the linear had: a 200-token
-prefill of the 1.5B target took 2.0 s against 4.5 s through the int4 kernel (the native kernels: past
-:data:`NATIVE_ROWS`, where a float32 matmul is as fast). The copy costs that dtype's bytes per
-weight: an int4 model takes the memory of the model as loaded plus its quantized weights, and saves bytes read per
-decoding step, not memory.
+**With torch's kernels many rows run dense.** They cost more per row past a few rows (they dequantize per block of
+rows): one [M, 1536] x [1536, 8960] linear, M = 1 / 4 / 8 / 16 / 64 rows, 0.40 / 0.78 / 1.59 / 2.66 / 10.95 ms int4
+against 1.20 / 1.45 / 1.39 / 2.21 / 5.47 ms bfloat16 (EPYC AVX512-BF16; ``scripts/matmul_paths.py``), so there a
+call of more than :data:`QUANTIZED_ROWS` rows (a prefill, a wide tree) multiplies by a dense copy of the same
+weight, kept in the dtype the linear had: a 200-token prefill of the 1.5B target took 2.0 s against 4.5 s through
+the int4 kernel. The copy costs that dtype's bytes per weight: such a model takes the memory of the model as loaded
+plus its quantized weights, and saves bytes read per decoding step, not memory.
 
-Exactness: up to :data:`QUANTIZED_ROWS` rows (:data:`NATIVE_ROWS` with the native kernels: every tree of one
-request), a row's result does not depend on how many rows share the matmul (tested); past that the dense copy
-gives the same products rounded alike (bfloat16 in and out; natively, the activations quantized as the kernel
-quantizes them, :func:`talon_sd.kernels.as_quantized`), summed in another order. Natively in a float32 model
-speculation is exact against the quantized target (a prefill of more rows feeds plain and speculative decoding
-alike); with the rest of the model in bfloat16, up to near-ties between the top two logits, as in bfloat16.
+Exactness: natively a row's result never depends on how many rows share the matmul (tested), so speculation is
+exact against the quantized float32 target. With torch's kernels the same holds up to :data:`QUANTIZED_ROWS` rows;
+past that the dense copy gives the same products rounded alike (bfloat16 in and out), summed in another order: up
+to near-ties between the top two logits, as in bfloat16.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from .kernels import GROUP, as_quantized, native, pack_int4, pad_columns, padded_groups
+from .kernels import GROUP, native, pack_int4, pad_columns, padded_groups
 
 GROUP_SIZE = GROUP  # weights per int4 group (one Q4_K sub-block; the native kernels' group)
 Q4K_BLOCK_BYTES = 144  # d (f16), dmin (f16), 12 bytes of 6-bit scales and mins, 128 bytes of 4-bit quants
 HIGH_PRECISION = ("Q6_K", "Q8_0", "Q8_K")  # GGUF types that go to int8, not int4
 QUANTIZED_ROWS = 4  # calls of more rows run the dense copy (module docstring)
-NATIVE_ROWS = 64  # the same for the native kernels (float32 models): every tree of one request
 
 logger = logging.getLogger(__name__)
 
@@ -126,21 +126,22 @@ def int8_from_float(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class _WeightOnlyLinear(torch.nn.Module):
-    """``y = x @ w.T + bias`` on CPU: up to :data:`QUANTIZED_ROWS` rows through the quantized kernel of a subclass
-    (bfloat16 arithmetic), more rows (a prefill, a wide verify) through ``dense``, the same weight dequantized to
-    ``dense_dtype`` (module docstring: measured faster there; it costs ``dense_dtype``'s bytes per weight)."""
+    """``y = x @ w.T + bias`` on CPU through a subclass's quantized kernel: natively (:attr:`native`, float32
+    models) for every call; with torch's kernels (bfloat16) up to :data:`QUANTIZED_ROWS` rows, more rows (a
+    prefill, a wide verify) through ``dense``, the same weight dequantized to ``dense_dtype`` (module docstring:
+    measured faster there; it costs ``dense_dtype``'s bytes per weight). ``dense`` builds that copy, called only
+    where it is kept."""
 
     kind = ""  # what extra_repr says of the weight
 
-    def __init__(self, out_features: int, in_features: int, bias: torch.Tensor | None, dense: torch.Tensor,
-                 dense_dtype: torch.dtype) -> None:
+    def __init__(self, out_features: int, in_features: int, bias: torch.Tensor | None, dense_dtype: torch.dtype,
+                 dense: Callable[[], torch.Tensor]) -> None:
         super().__init__()
         self.out_features, self.in_features = out_features, in_features
         self.native = dense_dtype == torch.float32 and native() is not None  # float32 in and out (module docstring)
-        self.limit = NATIVE_ROWS if self.native else QUANTIZED_ROWS  # calls of more rows run the dense copy
         bias_dtype = torch.float32 if self.native else torch.bfloat16
         self.register_buffer("bias", None if bias is None else bias.detach().to(bias_dtype).clone())
-        self.register_buffer("dense", dense.to(dense_dtype).contiguous())  # [out, in]
+        self.register_buffer("dense", None if self.native else dense().to(dense_dtype).contiguous())  # [out, in]
 
     def _rows_times_weight(self, rows: torch.Tensor) -> torch.Tensor:
         """[rows, in] -> [rows, out] through the quantized kernel: float32 where :attr:`native`, else bfloat16."""
@@ -148,20 +149,18 @@ class _WeightOnlyLinear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
         rows = x.reshape(-1, self.in_features).to(torch.float32 if self.native else torch.bfloat16)  # [rows, in]
-        if rows.shape[0] > self.limit and self.native:  # the kernel's quantized activations, summed in another order
-            y = as_quantized(rows) @ self.dense.T  # [rows, out]
-        elif rows.shape[0] > self.limit:  # rounded as the kernel rounds: bfloat16 in and out
+        if self.dense is not None and rows.shape[0] > QUANTIZED_ROWS:  # rounded as the kernel rounds: bfloat16
             y = (rows.to(self.dense.dtype) @ self.dense.T).to(rows.dtype)  # [rows, out]
         else:
             y = self._rows_times_weight(rows.contiguous())  # [rows, out]
         if self.bias is not None:
-            y = y + self.bias
+            y.add_(self.bias)  # y is new: the kernel's or the matmul's output
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, {self.kind}"
-                f"{', native' if self.native else ''}, more than {self.limit} rows "
-                f"{str(self.dense.dtype).removeprefix('torch.')}")
+        rows = ("native" if self.dense is None else
+                f"more than {QUANTIZED_ROWS} rows {str(self.dense.dtype).removeprefix('torch.')}")
+        return f"in_features={self.in_features}, out_features={self.out_features}, {self.kind}, {rows}"
 
 
 class Int4Linear(_WeightOnlyLinear):
@@ -171,13 +170,13 @@ class Int4Linear(_WeightOnlyLinear):
 
     def __init__(self, weight: Int4Weight, bias: torch.Tensor | None, dense_dtype: torch.dtype = torch.bfloat16) -> None:
         scale, zero = weight.scale.to(torch.bfloat16), weight.zero.to(torch.bfloat16)  # the kernel's format
-        super().__init__(*weight.q.shape, bias, Int4Weight(weight.q, scale.float(), zero.float()).dequantize(),
-                         dense_dtype)
+        super().__init__(*weight.q.shape, bias, dense_dtype,
+                         lambda: Int4Weight(weight.q, scale.float(), zero.float()).dequantize())
         if self.native:
-            groups = padded_groups(self.in_features)  # zero groups pad to whole blocks (talon_sd.kernels)
-            self.register_buffer("packed", pack_int4(weight.q))  # [out, groups * 16]
-            self.register_buffer("scales_and_zeros", torch.stack([pad_columns(scale, groups),
-                                                                  pad_columns(zero, groups)]))  # [2, out, groups]
+            packed, scale, zero = pack_int4(weight.q, scale, zero)  # tiles of eight outputs (talon_sd.kernels)
+            self.register_buffer("packed", packed)  # [ceil(out / 8), in / 32, 128] uint8
+            self.register_buffer("scale", scale)  # [ceil(out / 8), in / 32, 8] bfloat16
+            self.register_buffer("zero", zero)  # the same
             return
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(weight.q.to(torch.int32).contiguous(), 1)
         self.register_buffer("packed", packed)
@@ -186,7 +185,7 @@ class Int4Linear(_WeightOnlyLinear):
 
     def _rows_times_weight(self, rows: torch.Tensor) -> torch.Tensor:
         if self.native:
-            return native().int4_matmul(rows, self.packed, self.scales_and_zeros[0], self.scales_and_zeros[1])
+            return native().int4_matmul(rows, self.packed, self.scale, self.zero, self.out_features)
         return torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP_SIZE, self.scales_and_zeros)
 
 
@@ -197,7 +196,7 @@ class Int8Linear(_WeightOnlyLinear):
 
     def __init__(self, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
                  dense_dtype: torch.dtype = torch.bfloat16) -> None:
-        super().__init__(*q.shape, bias, q.float() * scale.to(torch.bfloat16).float()[:, None], dense_dtype)
+        super().__init__(*q.shape, bias, dense_dtype, lambda: q.float() * scale.to(torch.bfloat16).float()[:, None])
         columns = padded_groups(self.in_features) * GROUP_SIZE if self.native else self.in_features
         self.register_buffer("q", pad_columns(q, columns))  # [out, in (padded where native)] int8
         rounded = scale.to(torch.bfloat16)  # [out], as the dense copy has it

@@ -209,7 +209,10 @@ def _variant_lines(results: dict) -> list[str]:
     for variant in results["variants"]:
         tree = variant.get("tree")
         if tree is None:
-            detail = "transformers generate" + (" with assistant_model = the draft" if variant["method"] == "hf-assisted" else "")
+            detail = {"llamacpp": "llama.cpp plain decoding of the same GGUF (llama-cpp-python)",
+                      "llamacpp-lookup": "llama.cpp with its prompt-lookup drafter (llama-cpp-python)",
+                      "hf-assisted": "transformers generate with assistant_model = the draft"}.get(variant["method"],
+                                                                                               "transformers generate")
         else:
             detail = ", ".join(f"{k}={v}" for k, v in tree.items() if k not in ("method", "static_paths") or v)
         lines.append(f"- `{variant['label']}`: {detail}" + (" (tuned profile)" if variant.get("tuned") else ""))

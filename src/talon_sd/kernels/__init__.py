@@ -6,12 +6,13 @@ the build fails (logged once) or ``TALON_NATIVE_KERNELS=0``. Their contract (``q
 is quantized to int8 per group of 32, a group's integer products summed exactly, so a row's result depends on that
 row and the weight only, never on the other rows of the call.
 
-    int4_matmul(x [M, K] float32, packed [N, Gp * 16] uint8, scale [N, Gp] bfloat16, zero [N, Gp] bfloat16)
-        -> [M, N] float32, w = (q - 8) * scale + zero per group of 32 (:func:`pack_int4`, :func:`pad_columns`)
+    int4_matmul(x [M, K] float32, packed [T, K / 32, 128] uint8, scale [T, K / 32, 8] bfloat16, zero (the same), N)
+        -> [M, N] float32, w = (q - 8) * scale + zero per group of 32, T = ceil(N / 8) tiles of eight outputs
+        (:func:`pack_int4`)
     int8_matmul(x [M, K] float32, q [N, Gp * 32] int8, scale [N] float32) -> [M, N] float32, w = q * scale per row
 
-``Gp`` is K / 32 rounded up to a multiple of 8 (:func:`padded_groups`): weights are padded with zero groups so
-that the kernels scale eight groups at a time.
+``Gp`` is K / 32 rounded up to a multiple of 8 (:func:`padded_groups`): int8 weights are padded with zero groups
+so that the kernel scales eight groups at a time.
 """
 
 from __future__ import annotations
@@ -69,8 +70,22 @@ def as_quantized(x: torch.Tensor) -> torch.Tensor:
     return (torch.round(groups * inverse).clamp(-128, 127) * scale).reshape(x.shape)
 
 
-def pack_int4(q: torch.Tensor) -> torch.Tensor:
-    """q [N, K] in 0..15 -> [N, Gp * 16] uint8: per pair of groups of 32, byte j = first[j] | second[j] << 4."""
-    groups = padded_groups(q.shape[1])
-    pairs = pad_columns(q.to(torch.uint8), groups * GROUP).reshape(q.shape[0], groups // 2, 2, GROUP)
-    return (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(q.shape[0], -1).contiguous()
+def pack_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q [N, K] in 0..15, scale and zero [N, K / 32] -> the int4 kernel's ``(packed, scale, zero)``: outputs in
+    tiles of eight (zeros past N); per tile and group of 32 inputs, packed holds four vectors of 32 bytes, byte
+    4c + j of vector v holding output c's input 4v + j in its low nibble and 4v + 16 + j in its high one, and
+    scale / zero the eight outputs' values in bfloat16."""
+    out_features, in_features = q.shape
+    tiles, groups = -(-out_features // 8), in_features // GROUP
+    padded = torch.zeros(tiles * 8, in_features, dtype=torch.uint8)
+    padded[:out_features] = q.to(torch.uint8)
+    quads = padded.reshape(tiles, 8, groups, 8, 4)  # [tile, output c, group, quad, byte j]
+    nibbles = quads[:, :, :, :4] | (quads[:, :, :, 4:] << 4)  # [tile, c, group, v, j]
+    packed = nibbles.permute(0, 2, 3, 1, 4).reshape(tiles, groups, 128).contiguous()  # [tile, group, v, c, j]
+
+    def per_tile(t: torch.Tensor) -> torch.Tensor:  # [N, groups] -> [tiles, groups, 8] bfloat16
+        rows = torch.zeros(tiles * 8, groups, dtype=torch.bfloat16)
+        rows[:out_features] = t.to(torch.bfloat16)
+        return rows.reshape(tiles, 8, groups).permute(0, 2, 1).contiguous()
+
+    return packed, per_tile(scale), per_tile(zero)

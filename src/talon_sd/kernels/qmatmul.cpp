@@ -1,15 +1,15 @@
 // Quantized-weight matmuls for CPU decoding with float32 activations (AVX2 + FMA): talon_sd.kernels.
 //
-// y[m, n] = sum_k x[m, k] * w[n, k] for a few rows m, with w stored as
-//   int4:  w = (q - 8) * scale + zero per group of 32 inputs (q in 0..15; scale, zero bfloat16), a pair of
-//          groups in 32 bytes, byte j holding the first group's q[j] in its low nibble, the second's in its high;
-//   int8:  w = q * scale per output row (q in -127..127, scale float32).
-// Weights are padded with zero groups to a whole number of blocks of 8 groups (talon_sd.kernels.padded_groups, pad_columns).
+// y[m, n] = sum_k x[m, k] * w[n, k], with w stored as
+//   int4:  w = (q - 8) * scale + zero per group of 32 inputs (q in 0..15; scale, zero bfloat16), in tiles of eight
+//          outputs: per tile and group 128 bytes (int4_tile says which nibble holds which weight) and eight scales
+//          and zeros (talon_sd.kernels.pack_int4);
+//   int8:  w = q * scale per output row (q in -127..127, scale float32), padded with zero groups to a whole
+//          number of blocks of 8 groups (talon_sd.kernels.padded_groups, pad_columns).
 // Each row of x is quantized to int8 per group of 32 (scale = max |x| / 127, x * (1 / scale) rounded to nearest
 // even: talon_sd.kernels.as_quantized does the same in torch); a group's products sum_j q_w[j] * q_x[j] are exact
-// in int32, then scaled in float32, eight groups at a time. A row's result depends on that row and the weight
-// only, never on the other rows of the call, and its summation order is fixed (one thread computes all of an
-// output n).
+// in int32, then scaled in float32. A row's result depends on that row and the weight only, never on the other
+// rows of the call, and its summation order is fixed (one thread computes all of an output).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -38,12 +38,20 @@ inline int32_t hsum_i32(__m256i v) {
   return _mm_cvtsi128_si32(s);
 }
 
-// eight vectors of 8 int32 -> one vector of their eight totals, in order
+// Eight vectors of 8 int32 d0..d7 -> one vector of their eight totals, in order, folded in three steps with unpacks
+// and adds (cheaper than hadd here): fold2(d0, d1) holds d0's and d1's lanes summed by pairs, fold4 of two such
+// pairs holds four vectors' partial totals per 128-bit half, fold8 adds the halves.
+inline __m256i fold2(__m256i a, __m256i b) {
+  return _mm256_add_epi32(_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b));
+}
+inline __m256i fold4(__m256i a, __m256i b) {
+  return _mm256_add_epi32(_mm256_unpacklo_epi64(a, b), _mm256_unpackhi_epi64(a, b));
+}
+inline __m256i fold8(__m256i a, __m256i b) {
+  return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
 inline __m256i totals(const __m256i* d) {
-  const __m256i h0123 = _mm256_hadd_epi32(_mm256_hadd_epi32(d[0], d[1]), _mm256_hadd_epi32(d[2], d[3]));
-  const __m256i h4567 = _mm256_hadd_epi32(_mm256_hadd_epi32(d[4], d[5]), _mm256_hadd_epi32(d[6], d[7]));
-  return _mm256_add_epi32(_mm256_permute2x128_si256(h0123, h4567, 0x20),
-                          _mm256_permute2x128_si256(h0123, h4567, 0x31));
+  return fold8(fold4(fold2(d[0], d[1]), fold2(d[2], d[3])), fold4(fold2(d[4], d[5]), fold2(d[6], d[7])));
 }
 
 inline __m256 bf16x8(const uint16_t* p) {  // eight bfloat16 -> float32
@@ -55,6 +63,8 @@ inline __m256 bf16x8(const uint16_t* p) {  // eight bfloat16 -> float32
 struct Rows {
   int64_t groups;  // padded G
   torch::Tensor q, scale, sum;  // [M, groups * 32] int8, [M, groups] float, [M, groups] float (scale * sum q)
+  int8_t* q_data;  // their data, taken once (data_ptr<T>() checks the tensor on every call: ~100 cycles an output)
+  float *scale_data, *sum_data;
 };
 
 // x [K] float -> q int8, per group scale and the quantized group's sum
@@ -86,11 +96,20 @@ void quantize_row(const float* x, int64_t K, int8_t* q, float* scale, float* sum
 
 Rows quantize(const torch::Tensor& x) {
   const int64_t M = x.size(0), K = x.size(1), groups = (K / kGroup + kBlock - 1) / kBlock * kBlock;
-  Rows rows{groups, torch::zeros({M, groups * kGroup}, torch::kInt8), torch::zeros({M, groups}, torch::kFloat),
-            torch::zeros({M, groups}, torch::kFloat)};
+  Rows rows{groups, torch::empty({M, groups * kGroup}, torch::kInt8), torch::empty({M, groups}, torch::kFloat),
+            torch::empty({M, groups}, torch::kFloat), nullptr, nullptr, nullptr};
+  rows.q_data = rows.q.data_ptr<int8_t>();
+  rows.scale_data = rows.scale.data_ptr<float>();
+  rows.sum_data = rows.sum.data_ptr<float>();
+  const float* xs = x.data_ptr<float>();
+  const int64_t used = K / kGroup;  // the groups past it pad: zeros
   for (int64_t m = 0; m < M; ++m) {
-    quantize_row(x.data_ptr<float>() + m * K, K, rows.q.data_ptr<int8_t>() + m * groups * kGroup,
-                 rows.scale.data_ptr<float>() + m * groups, rows.sum.data_ptr<float>() + m * groups);
+    int8_t* q = rows.q_data + m * groups * kGroup;
+    float *scale = rows.scale_data + m * groups, *sum = rows.sum_data + m * groups;
+    quantize_row(xs + m * K, K, q, scale, sum);
+    std::fill(q + used * kGroup, q + groups * kGroup, int8_t{0});
+    std::fill(scale + used, scale + groups, 0.0f);
+    std::fill(sum + used, sum + groups, 0.0f);
   }
   return rows;
 }
@@ -119,49 +138,59 @@ inline __m256i block_dots(const int8_t* a, const Product& product) {
   return totals(d);
 }
 
-// One output n of the int4 weight for R activation rows starting at m0 (Gp groups, whole blocks).
+// Eight outputs 8t .. 8t + 7 (one tile) of the int4 weight for R activation rows starting at m0, one float32 lane
+// per output: per group, each row's 32 int8 activations are broadcast four at a time against the tile's four
+// 32-byte vectors (byte 4c + j of vector v: output c's input 4v + j in the low nibble, 4v + 16 + j in the high),
+// the pair sums added in int16 (at most 8 * 2 * 15 * 127, no overflow), then per lane in int32, scaled in float32.
 template <int R>
-void int4_output(const uint8_t* wn, const uint16_t* sn, const uint16_t* zn, const Rows& rows, int64_t m0,
-                 float* out, int64_t N, int64_t n) {
-  const int8_t* aq = rows.q.data_ptr<int8_t>();
-  const float* as = rows.scale.data_ptr<float>();
-  const float* asum = rows.sum.data_ptr<float>();
+void int4_tile(const uint8_t* wt, const uint16_t* st, const uint16_t* zt, int64_t G, const Rows& rows, int64_t m0,
+               float* out, int64_t N, int64_t n0) {
   const int64_t Gp = rows.groups;
   const __m256i low = _mm256_set1_epi8(0x0F);
+  const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t g0 = 0; g0 < Gp; g0 += kBlock) {
-    _mm_prefetch(reinterpret_cast<const char*>(wn + g0 * 16 + kAhead), _MM_HINT_T0);  // rows are contiguous:
-    _mm_prefetch(reinterpret_cast<const char*>(wn + g0 * 16 + kAhead + 64), _MM_HINT_T0);  // read ahead
-    _mm_prefetch(reinterpret_cast<const char*>(sn + g0 + kAhead / 8), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(zn + g0 + kAhead / 8), _MM_HINT_T0);
-    __m256i w[kBlock];
-#pragma GCC unroll 4
-    for (int p = 0; p < kBlock / 2; ++p) {
-      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wn + (g0 + 2 * p) * 16));
-      w[2 * p] = _mm256_and_si256(b, low);
-      w[2 * p + 1] = _mm256_and_si256(_mm256_srli_epi16(b, 4), low);
+  for (int64_t g = 0; g < G; ++g) {
+    const uint8_t* w = wt + g * 128;
+    _mm_prefetch(reinterpret_cast<const char*>(w + kAhead), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(w + kAhead + 64), _MM_HINT_T0);
+    __m256i first[4], second[4];
+    for (int v = 0; v < 4; ++v) {
+      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * v));
+      first[v] = _mm256_and_si256(b, low);
+      second[v] = _mm256_and_si256(_mm256_srli_epi16(b, 4), low);
     }
-    const __m256 s8 = bf16x8(sn + g0);
-    const __m256 o8 = _mm256_fnmadd_ps(_mm256_set1_ps(8.0f), s8, bf16x8(zn + g0));  // w = q * s + (z - 8 s)
+    const __m256 s8 = bf16x8(st + g * 8);
+    const __m256 o8 = _mm256_fnmadd_ps(_mm256_set1_ps(8.0f), s8, bf16x8(zt + g * 8));  // w = q * s + (z - 8 s)
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       const int64_t m = m0 + r;
-      const __m256 dots = _mm256_cvtepi32_ps(block_dots(aq + (m * Gp + g0) * kGroup, [&](int j, __m256i x) {
-        return _mm256_maddubs_epi16(w[j], x);  // unsigned 4-bit q times signed int8 x
-      }));
-      acc[r] = _mm256_fmadd_ps(dots, _mm256_mul_ps(s8, _mm256_loadu_ps(as + m * Gp + g0)), acc[r]);
-      acc[r] = _mm256_fmadd_ps(o8, _mm256_loadu_ps(asum + m * Gp + g0), acc[r]);
+      const int32_t* x = reinterpret_cast<const int32_t*>(rows.q_data + (m * Gp + g) * kGroup);  // 8 quads
+      __m256i pairs = _mm256_maddubs_epi16(first[0], _mm256_set1_epi32(x[0]));
+      for (int v = 1; v < 4; ++v) pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(first[v], _mm256_set1_epi32(x[v])));
+      for (int v = 0; v < 4; ++v) pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(second[v], _mm256_set1_epi32(x[4 + v])));
+      const __m256 dots = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
+      acc[r] = _mm256_fmadd_ps(dots, _mm256_mul_ps(s8, _mm256_set1_ps(rows.scale_data[m * Gp + g])), acc[r]);
+      acc[r] = _mm256_fmadd_ps(o8, _mm256_set1_ps(rows.sum_data[m * Gp + g]), acc[r]);
     }
   }
-  for (int r = 0; r < R; ++r) out[(m0 + r) * N + n] = hsum(acc[r]);
+  for (int r = 0; r < R; ++r) {
+    float* y = out + (m0 + r) * N + n0;
+    if (n0 + 8 <= N) {
+      _mm256_storeu_ps(y, acc[r]);
+    } else {
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, acc[r]);
+      std::copy(lanes, lanes + (N - n0), y);
+    }
+  }
 }
 
 // One output n of the int8 weight for R activation rows starting at m0 (Gp groups, whole blocks).
 template <int R>
 void int8_output(const int8_t* wn, float scale, const Rows& rows, int64_t m0, float* out, int64_t N, int64_t n) {
-  const int8_t* aq = rows.q.data_ptr<int8_t>();
-  const float* as = rows.scale.data_ptr<float>();
+  const int8_t* aq = rows.q_data;
+  const float* as = rows.scale_data;
   const int64_t Gp = rows.groups;
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
@@ -197,33 +226,6 @@ void for_rows(int64_t M, const Output& output) {
 
 }  // namespace
 
-// x [M, K] float32, packed [N, Gp * 16] uint8, scale and zero [N, Gp] bfloat16 (Gp: K / 32 padded to whole
-// blocks) -> [M, N] float32
-torch::Tensor int4_matmul(torch::Tensor x, torch::Tensor packed, torch::Tensor scale, torch::Tensor zero) {
-  const int64_t N = packed.size(0), M = x.size(0);
-  TORCH_CHECK(x.dim() == 2, "int4_matmul: x must be 2-D");
-  const Rows rows = quantize_checked(x, packed.size(1) / 16, "int4_matmul");
-  const int64_t G = rows.groups;
-  TORCH_CHECK(packed.scalar_type() == torch::kUInt8 && packed.is_contiguous() && packed.size(1) == G * 16,
-              "int4_matmul: packed uint8 [N, Gp * 16]");
-  TORCH_CHECK(scale.scalar_type() == torch::kBFloat16 && zero.scalar_type() == torch::kBFloat16
-              && scale.is_contiguous() && zero.is_contiguous() && scale.size(0) == N && scale.size(1) == G
-              && zero.sizes() == scale.sizes(), "int4_matmul: scale and zero bfloat16 [N, Gp]");
-  torch::Tensor y = torch::empty({M, N}, torch::kFloat);
-  const uint8_t* w = packed.data_ptr<uint8_t>();
-  const uint16_t* ws = reinterpret_cast<const uint16_t*>(scale.data_ptr<at::BFloat16>());
-  const uint16_t* wz = reinterpret_cast<const uint16_t*>(zero.data_ptr<at::BFloat16>());
-  float* out = y.data_ptr<float>();
-  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n) {
-      const uint8_t* wn = w + n * G * 16;
-      const uint16_t *sn = ws + n * G, *zn = wz + n * G;
-      for_rows(M, [&](int64_t m0, auto R) { int4_output<decltype(R)::value>(wn, sn, zn, rows, m0, out, N, n); });
-    }
-  });
-  return y;
-}
-
 // x [M, K] float32, q [N, Gp * 32] int8 (Gp: K / 32 padded to whole blocks), scale [N] float32 -> [M, N] float32
 torch::Tensor int8_matmul(torch::Tensor x, torch::Tensor q, torch::Tensor scale) {
   const int64_t N = q.size(0), M = x.size(0);
@@ -246,7 +248,33 @@ torch::Tensor int8_matmul(torch::Tensor x, torch::Tensor q, torch::Tensor scale)
   return y;
 }
 
+// x [M, K] float32, packed [T, G, 128] uint8 (T = ceil(N / 8) tiles of eight outputs, G = K / 32), scale and zero
+// [T, G, 8] bfloat16 -> [M, N] float32
+torch::Tensor int4_matmul(torch::Tensor x, torch::Tensor packed, torch::Tensor scale, torch::Tensor zero, int64_t N) {
+  const int64_t M = x.size(0), T = packed.size(0), G = packed.size(1);
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == G * kGroup, "int4_matmul: x must be [M, K] with K = 32 * groups");
+  const Rows rows = quantize_checked(x, (G + kBlock - 1) / kBlock * kBlock, "int4_matmul");
+  TORCH_CHECK(packed.scalar_type() == torch::kUInt8 && packed.is_contiguous() && packed.size(2) == 128
+              && (N + 7) / 8 == T, "int4_matmul: packed uint8 [ceil(N / 8), G, 128]");
+  TORCH_CHECK(scale.scalar_type() == torch::kBFloat16 && zero.scalar_type() == torch::kBFloat16
+              && scale.is_contiguous() && zero.is_contiguous() && scale.size(0) == T && scale.size(1) == G
+              && scale.size(2) == 8 && zero.sizes() == scale.sizes(), "int4_matmul: scale and zero bfloat16 [T, G, 8]");
+  torch::Tensor y = torch::empty({M, N}, torch::kFloat);
+  const uint8_t* w = packed.data_ptr<uint8_t>();
+  const uint16_t* ws = reinterpret_cast<const uint16_t*>(scale.data_ptr<at::BFloat16>());
+  const uint16_t* wz = reinterpret_cast<const uint16_t*>(zero.data_ptr<at::BFloat16>());
+  float* out = y.data_ptr<float>();
+  at::parallel_for(0, T, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      for_rows(M, [&](int64_t m0, auto R) {
+        int4_tile<decltype(R)::value>(w + t * G * 128, ws + t * G * 8, wz + t * G * 8, G, rows, m0, out, N, 8 * t);
+      });
+    }
+  });
+  return y;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
-  module.def("int4_matmul", &int4_matmul, "x [M, K] f32 times int4 groups of 32 [N, K] -> [M, N] f32");
+  module.def("int4_matmul", &int4_matmul, "x [M, K] f32 times int4 groups of 32 in tiles of 8 outputs [N, K] -> [M, N] f32");
   module.def("int8_matmul", &int8_matmul, "x [M, K] f32 times int8 per row [N, K] -> [M, N] f32");
 }
