@@ -6,11 +6,12 @@ two bytes a weight; these linears read half a byte (int4) or one (int8). Two ker
 * **float32 models** (the default dtype on CPUs without AVX512-BF16 or AMX): :mod:`talon_sd.kernels`' native AVX2
   kernels, built on first use. They quantize each activation row to int8 per group of 32 and sum a group's
   integer products exactly; one [M, 1536] x [1536, 8960] linear on the AVX2 EPYC, 28 distinct weights, M = 1 / 4 /
-  16 / 64: int4 @N1@ ms, against torch's int4 kernel @T1@ ms and float32 @F1@ ms
-  (``scripts/matmul_paths.py --copies 28``). They run every call, prefills included (at 256 / 512 rows as fast
-  as the float32 matmul: 53 / 111 ms against 55 / 106, ``--sizes 256,512``), so these linears keep no dense copy
-  and an int4 model takes the memory of its quantized weights (the 1.5B target: 3.4 GB resident against 9.7 with
-  a dense copy). Without AVX2 or a compiler, torch's kernels;
+  16 / 64: int4 0.35 / 0.53 / 2.15 / 7.46 ms, int8 0.60 / 0.90 / 4.51 / 13.86, against torch's int4 kernel 1.07 /
+  2.22 / 7.97 / 26.90 and float32 3.06 / 9.45 / 10.77 / 20.94 (``scripts/matmul_paths.py --copies 28``). The int4
+  kernel is faster than float32 at every row count measured (256 rows: 31 ms against about 55), the int8 one up to
+  64 rows (about 1.15x float32's time at 256-512); they run every call, prefills included, so these linears keep
+  no dense copy: the 1.5B int4 target takes 3.4 GB resident (a 700-token prefill 14.5 s against 19.0 with one). Without AVX2 or a
+  compiler, torch's kernels;
 * **bfloat16 models**: torch's own CPU kernels (``aten._weight_int4pack_mm_for_cpu``, ``aten._weight_int8pack_mm``,
   vectorized for bfloat16 activations on AVX2 and AVX512).
 
