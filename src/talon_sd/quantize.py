@@ -10,8 +10,7 @@ two bytes a weight; these linears read half a byte (int4) or one (int8). Two ker
   2.22 / 7.97 / 26.90 and float32 3.06 / 9.45 / 10.77 / 20.94 (``scripts/matmul_paths.py --copies 28``). The int4
   kernel is faster than float32 at every row count measured (256 rows: 31 ms against about 55), the int8 one up to
   64 rows (about 1.15x float32's time at 256-512); they run every call, prefills included, so these linears keep
-  no dense copy: the 1.5B int4 target takes 3.4 GB resident (a 700-token prefill 14.5 s against 19.0 with one). Without AVX2 or a
-  compiler, torch's kernels;
+  no dense copy: the 1.5B int4 target takes 3.4 GB resident. Without AVX2 or a compiler, torch's kernels;
 * **bfloat16 models**: torch's own CPU kernels (``aten._weight_int4pack_mm_for_cpu``, ``aten._weight_int8pack_mm``,
   vectorized for bfloat16 activations on AVX2 and AVX512).
 

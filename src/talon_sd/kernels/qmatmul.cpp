@@ -24,6 +24,8 @@ constexpr int64_t kBlock = 8;   // groups scaled together (one float32 vector)
 constexpr int kRows = 4;        // activation rows per pass over a weight row
 constexpr int64_t kAhead = 2048;  // bytes of weights prefetched ahead of the block being read
 
+inline int64_t padded(int64_t groups) { return (groups + kBlock - 1) / kBlock * kBlock; }  // whole blocks of 8
+
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -95,7 +97,7 @@ void quantize_row(const float* x, int64_t K, int8_t* q, float* scale, float* sum
 }
 
 Rows quantize(const torch::Tensor& x) {
-  const int64_t M = x.size(0), K = x.size(1), groups = (K / kGroup + kBlock - 1) / kBlock * kBlock;
+  const int64_t M = x.size(0), K = x.size(1), groups = padded(K / kGroup);
   Rows rows{groups, torch::empty({M, groups * kGroup}, torch::kInt8), torch::empty({M, groups}, torch::kFloat),
             torch::empty({M, groups}, torch::kFloat), nullptr, nullptr, nullptr};
   rows.q_data = rows.q.data_ptr<int8_t>();
@@ -118,7 +120,7 @@ Rows quantize(const torch::Tensor& x) {
 Rows quantize_checked(const torch::Tensor& x, int64_t padded_groups, const char* name) {
   TORCH_CHECK(x.scalar_type() == torch::kFloat && x.is_contiguous() && x.device().is_cpu(),
               name, ": x must be a contiguous float32 CPU tensor");
-  const int64_t K = x.size(1), groups = (K / kGroup + kBlock - 1) / kBlock * kBlock;
+  const int64_t K = x.size(1), groups = padded(K / kGroup);
   TORCH_CHECK(K % kGroup == 0 && groups == padded_groups, name, ": x has ", K,
               " columns, not a multiple of 32 or not the weight's (", padded_groups, " padded groups)");
   return quantize(x);
@@ -253,7 +255,7 @@ torch::Tensor int8_matmul(torch::Tensor x, torch::Tensor q, torch::Tensor scale)
 torch::Tensor int4_matmul(torch::Tensor x, torch::Tensor packed, torch::Tensor scale, torch::Tensor zero, int64_t N) {
   const int64_t M = x.size(0), T = packed.size(0), G = packed.size(1);
   TORCH_CHECK(x.dim() == 2 && x.size(1) == G * kGroup, "int4_matmul: x must be [M, K] with K = 32 * groups");
-  const Rows rows = quantize_checked(x, (G + kBlock - 1) / kBlock * kBlock, "int4_matmul");
+  const Rows rows = quantize_checked(x, padded(G), "int4_matmul");
   TORCH_CHECK(packed.scalar_type() == torch::kUInt8 && packed.is_contiguous() && packed.size(2) == 128
               && (N + 7) / 8 == T, "int4_matmul: packed uint8 [ceil(N / 8), G, 128]");
   TORCH_CHECK(scale.scalar_type() == torch::kBFloat16 && zero.scalar_type() == torch::kBFloat16
