@@ -388,7 +388,7 @@ class BatchDecoder:
         tokens as its own controller charges it (:meth:`~talon_sd.control.BudgetController.rates`)."""
         if len(requests) > 1 and all(p.controller is not None for r in requests for p in r.pipelines):
             kinds = set.intersection(*({p.drafter.name for p in r.pipelines if p.drafter} for r in requests))
-            catch_ups = sorted((sum(catch_up_seconds(r, kind) for r in requests), kind) for kind in kinds)
+            catch_ups = sorted((sum(r.catch_up_seconds(kind) for r in requests), kind) for kind in kinds)
             cheapest_first = {kind: seconds for seconds, kind in catch_ups}
             self.kind = self.measured.choose(len(requests), cheapest_first)
             if self.kind == PLAIN:  # no request's own choice is asked for
@@ -496,16 +496,6 @@ def step_seconds(budgets: list[int], controllers: list, other_sizes: list[int], 
     return verify_cost(len(sizes) * max(sizes)) + draft
 
 
-def catch_up_seconds(request: Request, drafter_name: str | None = None) -> float:
-    """What the catch-up of ``request``'s drafter (the one named, else the one it runs now) costs if it drafts now
-    (a draft LM's committed tokens it has not forwarded), as that pipeline's controller prices it."""
-    pipeline = next(p for p in request.pipelines if p.drafter is not None and p.drafter.name == drafter_name) \
-        if drafter_name is not None else request.pipeline
-    drafter, controller = pipeline.drafter, pipeline.controller
-    tokens = drafter.catch_up_tokens if drafter is not None else 0
-    return controller.catch_up_seconds(tokens) if tokens else 0.0
-
-
 def _draft_lm_drafter(request: Request) -> ModelDrafter | None:
     """The request's draft-LM drafter, whichever pipeline runs now."""
     return next((p.drafter for p in request.pipelines if isinstance(p.drafter, ModelDrafter)), None)
@@ -515,7 +505,7 @@ def catch_up_charge(request: Request) -> float:
     """Seconds per committed token that drafting this step adds for ``request``'s draft catch-up: the catch-up's
     seconds spread over the coming tokens (its controller's horizon, or fewer where fewer are left)."""
     left = max(request.stop.max_new_tokens - len(request.stop.tokens), 1)
-    return catch_up_seconds(request) / min(left, request.pipeline.controller.settings.horizon)
+    return request.catch_up_seconds() / min(left, request.pipeline.controller.settings.horizon)
 
 
 def decode_batch(target: CausalLM, requests: Iterable[tuple[Pipeline, torch.Tensor, StopCondition, DecodeStats,

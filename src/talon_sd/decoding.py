@@ -150,12 +150,21 @@ class Request:
         self.stats.seconds_prefill += time.perf_counter() - started
         self.root, self.context = int(prompt_ids[-1]), int(prompt_ids.numel()) - 1
 
+    def _pipeline_index(self, drafter_name: str) -> int:
+        return next(i for i, p in enumerate(self.pipelines) if p.drafter is not None and p.drafter.name == drafter_name)
+
     def use(self, drafter_name: str | None) -> None:
         """Run the next steps with the pipeline whose drafter is ``drafter_name`` (one of :attr:`pipelines`'), or
         None: the request's own."""
-        names = [p.drafter.name if p.drafter is not None else None for p in self.pipelines]
-        index = 0 if drafter_name is None else names.index(drafter_name)
+        index = 0 if drafter_name is None else self._pipeline_index(drafter_name)
         self.pipeline, self.clock = self.pipelines[index], self.clocks[index]
+
+    def catch_up_seconds(self, drafter_name: str | None = None) -> float:
+        """What the catch-up of the drafter named (None: the one running) costs if it drafts now (the committed
+        tokens a draft LM has not forwarded), as its pipeline's controller prices it."""
+        pipeline = self.pipeline if drafter_name is None else self.pipelines[self._pipeline_index(drafter_name)]
+        tokens = pipeline.drafter.catch_up_tokens if pipeline.drafter is not None else 0
+        return pipeline.controller.catch_up_seconds(tokens) if tokens else 0.0
 
     def draft(self) -> DraftTree:
         """Plan this step's budget, draft and build the tree from :attr:`root`."""
