@@ -6,7 +6,8 @@ checks that explanation on a finished `talon bench` run: for every sample whose 
 from `ar`'s, it takes the first differing position k, runs the target in float32 over
 prompt + ar[:k] (no cache, one forward), and prints the float32 logit of `ar`'s token minus the
 logit of the method's token. A small margin means a near-tie (the two bf16 paths may rank the two
-tokens either way); a large one would point at a bug.
+tokens either way); a large one would point at a bug. A run with ``--quantize int4/int8`` is checked on the
+target quantized as it ran (float32 activations).
 
     python scripts/divergence.py docs/bench/greedy [--methods talon,eagle,chain,hf,hf-assisted]
 
@@ -46,7 +47,8 @@ def main() -> None:
     labels = [m for m in args.methods.split(",") if any(label == m for _, label in tokens)]
 
     torch.set_num_threads(settings["threads"])
-    loaded = load_model(settings["target"], dtype="float32")
+    quantize = settings.get("arguments", {}).get("quantize")  # a quantized run: its own quantized target
+    loaded = load_model(settings["target"], dtype="float32", quantize=quantize if quantize in ("int4", "int8") else "none")
     generator = SpeculativeGenerator.from_models(loaded.model, loaded.model, loaded.tokenizer, tree="ar")
     prompts = load_prompts(settings["datasets"], settings["limit"], settings["data_files"])
 

@@ -37,10 +37,13 @@ weight, kept in the dtype the linear had: a 200-token prefill of the 1.5B target
 the int4 kernel. The copy costs that dtype's bytes per weight: such a model takes the memory of the model as loaded
 plus its quantized weights, and saves bytes read per decoding step, not memory.
 
-Exactness: natively a row's result never depends on how many rows share the matmul (tested), so speculation is
-exact against the quantized float32 target. With torch's kernels the same holds up to :data:`QUANTIZED_ROWS` rows;
-past that the dense copy gives the same products rounded alike (bfloat16 in and out), summed in another order: up
-to near-ties between the top two logits, as in bfloat16.
+Exactness: natively a linear's row never depends on how many rows share the matmul (tested), and on the tiny float32
+test models speculation reproduces plain decoding exactly. On real models the rest of a tree's forward (attention
+over other shapes) rounds differently from a plain step's, and a last-bit difference can move an activation's int8
+rounding, so greedy text can leave plain decoding's at near-ties of the quantized target (docs/BENCHMARKS.md
+section 6: margins 0.015-0.10). With torch's kernels a row's result is independent up to :data:`QUANTIZED_ROWS`
+rows; past that the dense copy gives the same products rounded alike (bfloat16 in and out), summed in another order:
+near-ties again, as in bfloat16.
 """
 
 from __future__ import annotations
