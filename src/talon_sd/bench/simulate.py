@@ -68,6 +68,11 @@ AVX2_INT8_MS = {"target": {1: 406, 2: 610, 4: 647, 8: 688, 16: 875, 24: 971, 32:
 # that run's fixed N = 4 and 16 verify steps (540, 790 ms)
 AVX2_LOOP_MS = {"target": {1: 284, 2: 474, 4: 531, 8: 594, 12: 678, 16: 811, 24: 929, 32: 1124, 64: 1885},
                 "draft": {1: 63, 2: 61, 4: 67, 8: 78, 12: 98, 16: 142, 24: 165, 32: 216, 64: 443}}
+# the same machine with --quantize int4 (talon-sd's AVX2 kernels, float32 activations; 2026-12-06,
+# scripts/forward_costs.py --variants float32:auto:int4 --sizes 1,2,4,8,16,32,64 --repeats 3): verify rows cost
+# ~18 ms each past 4 (the int8 dot product is compute-bound there), a draft forward half a target step
+AVX2_INT4_MS = {"target": {1: 60, 2: 69, 4: 92, 8: 152, 16: 293, 32: 557, 64: 1071},
+                "draft": {1: 32, 2: 33, 4: 50, 8: 74, 16: 118, 32: 218, 64: 438}}
 # Intel Xeon with AMX: float32 with torch's own kernels (a 2-token verify 1.04x one token, 4 tokens 1.9x), and bf16
 INTEL_FP32_MS = {"target": {1: 232, 2: 243, 4: 450, 8: 636, 16: 656, 32: 752, 64: 1100},
                  "draft": {1: 88, 2: 91, 4: 178, 8: 216, 16: 248, 32: 284, 64: 420}}
@@ -106,6 +111,7 @@ HARDWARE = {  # the sources of each are in git history (docs/BENCHMARKS.md befor
                                 {1: 160, 2: 204, 4: 239, 8: 288, 16: 320, 32: 440, 64: 720}, 0.015, 0.008, 0.3, 0.027),
     "avx2-fp32-int8": Hardware(AVX2_INT8_MS["target"], AVX2_INT8_MS["draft"], 0.015, 0.004, 0.3, 0.024),
     "avx2-fp32-int8-loop": Hardware(AVX2_LOOP_MS["target"], AVX2_LOOP_MS["draft"], 0.015, 0.004, 0.3, 0.024),
+    "avx2-int4": Hardware(AVX2_INT4_MS["target"], AVX2_INT4_MS["draft"], 0.005, 0.006, 0.1, 0.02),
     "epyc-fp32-default": Hardware({1: 448, 2: 837, 4: 786, 8: 787, 12: 1002, 16: 1064, 20: 1209, 24: 1184, 32: 1315,
                                    48: 1772, 64: 2147},
                                   {1: 137, 2: 278, 4: 252, 8: 251, 12: 281, 16: 316, 20: 373, 24: 390, 32: 460,
