@@ -103,3 +103,21 @@ def test_first_questions_keeps_each_datasets_first_questions_with_all_their_turn
     assert [t.index for t in first_questions(turns, 1)] == [0, 1, 5]
     with pytest.raises(ValueError, match="limit"):
         first_questions(turns, 0)
+
+
+def test_recording_the_n_gram_drafters_trees(llama_pair):
+    """``record_positions.py --drafter ngram``: at each position the recorded tree is prompt lookup's, so where the
+    text repeats an earlier n-gram the root's child is what followed it, and where nothing matches the tree is the
+    root alone."""
+    from talon_sd import SpeculativeGenerator
+    from talon_sd.bench.record import record_turn
+    from talon_sd.config import TreeConfig
+
+    target, draft = llama_pair
+    generator = SpeculativeGenerator.from_models(target, draft, tree="talon", budget=8)
+    prompt = torch.tensor([11, 12, 13, 14, 11, 12])  # root 12 after "11 12", seen before followed by 13
+    positions = record_turn(generator, TreeConfig("talon", budget=8, topk=4), prompt, [13, 90, 91], "ngram")
+    assert len(positions) == 3
+    first, third = positions[0], positions[2]
+    assert first["tokens"][:3] == [12, 13, 14] and first["parents"][:3] == [-1, 0, 1]  # the copied span
+    assert third["tokens"] == [90] and third["parents"] == [-1]  # root 90: never seen before, no draft

@@ -12,6 +12,7 @@ top-1 probability before each answer token (what the controller reads the text's
 one teacher-forced target forward.
 
     python scripts/record_positions.py docs/bench/sweep-auto-greedy/checkpoint.jsonl --out positions.jsonl
+    python scripts/record_positions.py RUN/checkpoint.jsonl --drafter ngram --out ngram.jsonl   # prompt lookup's trees
 
 One JSON line per prompt turn; resumable (turns already in ``--out`` are skipped). Cost: one draft forward
 per tree layer per position (~0.1 s each in bf16 on a 2-core Xeon).
@@ -31,6 +32,7 @@ from ..builders import StepPlan, make_builder
 from ..config import TreeConfig
 from ..decoding import Forwards, step_record
 from ..drafters.model import ModelDrafter
+from ..drafters.ngram import NgramDrafter
 from ..generator import SpeculativeGenerator
 from ..lm import CausalLM
 from ..verify import Acceptance
@@ -57,10 +59,13 @@ def target_confidences(generator: SpeculativeGenerator, ids: torch.Tensor, answe
     return torch.softmax(rows, dim=-1).amax(dim=-1).tolist()
 
 
-def record_turn(generator: SpeculativeGenerator, config: TreeConfig, ids: torch.Tensor, answer: list[int]) -> list[dict]:
-    """The tree of ``config.budget`` nodes at every position of ``answer`` (inclusion order, root first)."""
+def record_turn(generator: SpeculativeGenerator, config: TreeConfig, ids: torch.Tensor, answer: list[int],
+                drafter_name: str = "model") -> list[dict]:
+    """The tree of ``config.budget`` nodes at every position of ``answer`` (inclusion order, root first), drafted by
+    the draft LM (``model``) or by prompt lookup (``ngram``)."""
     builder = make_builder(config)
-    drafter = ModelDrafter(CausalLM(generator.draft_model, role="draft"), target_vocab_size=generator.target.vocab_size)
+    drafter = NgramDrafter(generator.target.vocab_size) if drafter_name == "ngram" else \
+        ModelDrafter(CausalLM(generator.draft_model, role="draft"), target_vocab_size=generator.target.vocab_size)
     drafter.start(ids)
     positions = []
     root = int(ids[-1])
@@ -98,6 +103,8 @@ def main(argv=None) -> int:
     parser.add_argument("checkpoint", type=pathlib.Path)
     parser.add_argument("--out", type=pathlib.Path, required=True)
     parser.add_argument("--budget", type=int, default=32, help="nodes per recorded tree (root counted)")
+    parser.add_argument("--drafter", choices=("model", "ngram"), default="model",
+                        help="whose trees: the draft LM's (default) or the n-gram drafter's (prompt lookup)")
     parser.add_argument("--datasets", default=None, help="comma-separated subset of the checkpoint's datasets")
     parser.add_argument("--label", default="ar",
                         help="whose answers to record (default ar; in bf16 a tree variant's greedy text can differ "
@@ -110,7 +117,7 @@ def main(argv=None) -> int:
     done = set()
     if args.out.exists():
         done = {json.loads(line)["index"] for line in args.out.read_text().splitlines() if line.strip()}
-    generator = SpeculativeGenerator(tree=config, dtype=fingerprint["dtype"] or "auto")
+    generator = SpeculativeGenerator(tree=config, drafter=args.drafter, dtype=fingerprint["dtype"] or "auto")
     datasets = sorted({row["dataset"] for row in rows}, key=[row["dataset"] for row in rows].index)
     prompts = load_prompts(datasets, limit=max(sum(1 for r in rows if r["dataset"] == d and r["turn"] == 1)
                                                for d in datasets))
@@ -132,9 +139,9 @@ def main(argv=None) -> int:
             started = time.perf_counter()
             line = {"index": row["index"], "dataset": prompt.dataset, "question_id": prompt.question_id,
                     "turn": turn + 1, "prompt_tokens": int(ids.numel()), "answer": answer,
-                    "budget": args.budget, "dtype": fingerprint["dtype"],
+                    "budget": args.budget, "dtype": fingerprint["dtype"], "drafter": args.drafter,
                     "confidence": [round(c, 5) for c in target_confidences(generator, ids, answer)],
-                    "positions": record_turn(generator, config, ids, answer)}
+                    "positions": record_turn(generator, config, ids, answer, args.drafter)}
             with args.out.open("a") as out:
                 out.write(json.dumps(line) + "\n")
             print(f"{prompt.dataset} {prompt.question_id} t{turn + 1}: {len(answer)} positions, "
