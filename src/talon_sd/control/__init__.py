@@ -29,8 +29,8 @@ Choice and exploration
     The choice: the budget of most expected tokens per second, plain decoding included, among those informed by
     4 steps or more. Exploring is paid from a credit of ``exploration`` (3%) of the time run, so it loses at most
     that share (but for a fresh controller's plain step and a few trees per kind of text): a probe at the rung
-    >= twice the choice and ``initial_budget`` (past a dip in the rate: on float32 CPUs trees of 2-8 may lose where
-    16 wins); while drafting, a plain step every ``plain_refresh`` steps; while plain, a trial tree.
+    >= twice the choice and ``initial_budget`` (float32 CPUs: trees of 2-8 may lose where 16 wins); while drafting,
+    a plain step every ``plain_refresh`` steps; while plain, a trial tree; each priced at its tree filled.
 
 Many requests: :func:`share_budget` shares one verify budget among a batch's requests by their expected tokens.
 State: JSON data (``to_dict``, ``from_dict``; :mod:`talon_sd.controller_memory` keeps it between processes).

@@ -117,10 +117,9 @@ class BudgetController:
         self.settings = settings
         self.candidates = tuple(sorted({k for k in LADDER if k < settings.max_budget}
                                        | {settings.max_budget, settings.initial_budget}))
-        window = settings.cost_window
-        self.verify = CostCurve(window, prior.verify_seconds if prior else None)  # tree size -> seconds
-        self.draft = CostCurve(window, prior.draft_seconds if prior else None)  # rows forwarded -> seconds
-        self.other = CostCurve(window)  # draft forwards in the step -> seconds of the rest of it
+        self.verify = CostCurve(settings.cost_window, prior.verify_seconds if prior else None)  # tree size -> seconds
+        self.draft = CostCurve(settings.cost_window, prior.draft_seconds if prior else None)  # rows forwarded -> seconds
+        self.other = CostCurve(settings.cost_window)  # draft forwards in the step -> seconds of the rest of it
         self.value = Value(self.candidates)  # every drafted step
         self.by_kind = (Value(self.candidates), Value(self.candidates))  # the steps on open / predictable text
         self.confidence = 0.0  # the target's top-1 probability, an exponential mean over committed tokens (1/8 each)
@@ -194,12 +193,13 @@ class BudgetController:
             expected[k] = 1 + (tokens - 1) * scale
         return expected
 
-    def seconds(self, budget: int) -> float:
-        """Expected seconds of a step at ``budget``: verify, draft forwards and the rest, as measured."""
+    def seconds(self, budget: int, full: bool = False) -> float:
+        """Expected seconds of a step at ``budget`` as measured (``full``: its tree filled, as exploration prices it)."""
         if budget == 1:
             return self.verify(1) + self.other(0)
         widths, nodes = self.value.shape(budget)
-        return self.verify(nodes) + sum(n * self.draft(w) for w, n in widths.items()) + self.other(sum(widths.values()))
+        return self.verify(budget if full else nodes) + sum(n * self.draft(w) for w, n in widths.items()) + \
+            self.other(sum(widths.values()))
 
     def catch_up_seconds(self, tokens: int) -> float:
         """What forwarding ``tokens`` more rows adds to a draft forward (past the most rows measured, at least their
@@ -229,11 +229,11 @@ class BudgetController:
             larger = [k for k in self.candidates if k >= reach and k > choice]
             if not larger:
                 return None
-            action = larger[0], "probe", self.seconds(larger[0]) - self.seconds(choice)
+            action = larger[0], "probe", self.seconds(larger[0], full=True) - self.seconds(choice)
         else:
             best = max((k for k in rates if k > 1), key=lambda k: rates[k], default=s.initial_budget)
             trial = max(best, min(s.initial_budget, s.max_budget))
-            action = trial, "trial", self.seconds(trial) + self.catch_up_seconds(catch_up) - self.seconds(1)
+            action = trial, "trial", self.seconds(trial, full=True) + self.catch_up_seconds(catch_up) - self.seconds(1)
             if self.by_kind[self.predictable].informed[1] < TRUSTED:  # a kind of text hardly drafted: try it
                 return trial, "trial", 0.0
         return action if self.credit >= action[2] else None
