@@ -5,6 +5,7 @@ same tokens per step, same draft forwards), and an online controller replayed th
 from __future__ import annotations
 
 import json
+import pathlib
 import random
 from collections import Counter
 
@@ -14,7 +15,8 @@ import torch
 from conftest import plain_greedy
 from talon_sd import SpeculativeGenerator
 from talon_sd.bench.record import checkpoint_turns, record_turn
-from talon_sd.bench.simulate import HARDWARE, Clock, Turn, first_questions, replay, replay_step, replay_turn
+from talon_sd.bench.simulate import (HARDWARE, Clock, Turn, first_questions, load_turns, replay, replay_step,
+                                     replay_turn)
 from talon_sd.config import TreeConfig
 from talon_sd.control import BudgetController, ControllerSettings
 
@@ -109,10 +111,6 @@ def test_recording_the_n_gram_drafters_trees(llama_pair):
     """``record_positions.py --drafter ngram``: at each position the recorded tree is prompt lookup's, so where the
     text repeats an earlier n-gram the root's child is what followed it, and where nothing matches the tree is the
     root alone."""
-    from talon_sd import SpeculativeGenerator
-    from talon_sd.bench.record import record_turn
-    from talon_sd.config import TreeConfig
-
     target, draft = llama_pair
     generator = SpeculativeGenerator.from_models(target, draft, tree="talon", budget=8)
     prompt = torch.tensor([11, 12, 13, 14, 11, 12])  # root 12 after "11 12", seen before followed by 13
@@ -127,10 +125,6 @@ def test_exploration_is_priced_at_a_full_tree_where_trees_stop_short():
     """Prompt lookup's trees mostly stop short of their budget, but a matched span fills them; where rows are dear
     (the int4 target on the AVX2 EPYC, recorded trees) a probe priced at the mean tree it built explored on a fifth
     of the steps and ran below plain decoding. Priced at its full tree, exploration keeps within its share."""
-    import pathlib
-
-    from talon_sd.bench.simulate import load_turns
-
     turns = load_turns([pathlib.Path(__file__).parent.parent / "data" / "replays" / "avx2-int4-ngram.jsonl.gz"])
     trace = []
     totals = replay(turns, 0, {"auto": BudgetController, 1: 1, 3: 3}, 0.0, 128, HARDWARE["avx2-int4-ngram"],

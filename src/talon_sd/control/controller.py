@@ -194,7 +194,7 @@ class BudgetController:
         return expected
 
     def seconds(self, budget: int, full: bool = False) -> float:
-        """Expected seconds of a step at ``budget`` as measured (``full``: its tree filled, as exploration prices it)."""
+        """Expected seconds of a step at ``budget`` as measured (``full``: the verify of its tree filled)."""
         if budget == 1:
             return self.verify(1) + self.other(0)
         widths, nodes = self.value.shape(budget)
