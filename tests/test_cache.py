@@ -158,3 +158,21 @@ def test_the_prompt_catch_up_runs_as_a_forward_of_its_own_and_only_before_the_fi
     root_log_p = drafter.expand(DraftTree.root(committed[-1]), torch.tensor([0]))
     assert drafter.lm.cache.length == len(committed)
     torch.testing.assert_close(root_log_p[0], torch.log_softmax(fresh_logits(draft, committed), -1), atol=1e-4, rtol=1e-4)
+
+
+def test_steps_write_into_the_reserved_rows_and_a_cropped_row_is_written_again(llama_pair):
+    model, _ = llama_pair
+    lm = CausalLM(model)
+    committed = [5, 17, 33, 8]
+    lm.prefill(torch.tensor(committed[:-1]))
+    storage = [layer.keys.data_ptr() for layer in lm.cache.cache.layers]
+    for token in (9, 21, 4, 30):  # one row a step: no layer's rows move
+        lm.forward(torch.tensor([committed[-1]]))
+        committed.append(token)
+        assert [layer.keys.data_ptr() for layer in lm.cache.cache.layers] == storage
+    lm.cache.crop(len(committed) - 3)  # drop the last two rows, then write others over them
+    committed = committed[:-2]
+    for token in (12, 40):
+        logits = lm.forward(torch.tensor([committed[-1]]))[-1]
+        torch.testing.assert_close(logits, fresh_logits(model, committed), atol=1e-4, rtol=1e-4)
+        committed.append(token)

@@ -16,7 +16,7 @@ Which models fit this contract (checked when a :class:`CausalLM` is made, see :f
   ``flash_attention_*`` and ``flex_attention`` ignore or reject such a mask and are refused;
 * every layer ``full_attention`` or ``sliding_attention`` (Llama, Qwen2/2.5/3, Mistral, Gemma 2/3,
   Phi-3, ...). Sliding-window layers are supported exactly: the cache keeps every row (a full
-  ``DynamicLayer``, never the rolling window layer, so "row == position" holds for committed
+  :class:`ReservedLayer`, never the rolling window layer, so "row == position" holds for committed
   tokens and ``keep``/``crop`` stay one gather), and the mask of a sliding layer also hides keys
   at positions ``<= query position - window``, as the model's own mask does. Models whose layers
   are mixed get a mask per layer type (``{"full_attention": ..., "sliding_attention": ...}``);
@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from .errors import TalonError
 
@@ -87,9 +88,47 @@ def attention_layout(model, role: str = "model") -> AttentionLayout:
     return AttentionLayout(tuple(layer_types), window)
 
 
+class ReservedLayer(DynamicLayer):
+    """A full cache layer that writes new rows into reserved room instead of concatenating: ``keys`` and
+    ``values`` are views ``[..., :length, :]`` of buffers holding up to 1.5x the rows (256 more at least), so a
+    step copies its own rows, not the whole cache (``DynamicLayer`` does ``torch.cat`` every step). Measured on
+    the packaged pair, AMD EPYC (AVX2), 2 threads, one-token forwards alternated with a concatenating cache (median
+    ratio of 16-30 pairs): at 1,600 cached rows the int4 target took 0.94x the time, the int4 draft LM 0.92x, the
+    float32 target 0.97x; at 800 rows 0.98x (int4); at 200 no difference. A ``keys`` assigned from outside
+    (another tensor, another batch size) is copied into new buffers at the next ``update``. Rows past ``length``
+    may be overwritten: views of a longer, cropped cache do not stay valid."""
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)
+        self.buffers: tuple[torch.Tensor, torch.Tensor] | None = None  # keys, values [..., capacity, d]
+
+    def _in_buffers(self) -> bool:
+        """Whether ``keys`` and ``values`` are still the leading rows of the buffers."""
+        return self.buffers is not None and all(
+            view.data_ptr() == buffer.data_ptr() and view.shape[:-2] == buffer.shape[:-2]
+            and view.stride() == buffer.stride() for view, buffer in zip((self.keys, self.values), self.buffers))
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        length = self.get_seq_length()
+        needed = length + key_states.shape[-2]
+        if not self._in_buffers() or self.buffers[0].shape[-2] < needed:
+            capacity = needed + max(256, needed // 2)
+            self.buffers = tuple(states.new_empty(states.shape[:-2] + (capacity, states.shape[-1]))
+                                 for states in (key_states, value_states))
+            if length:
+                self.buffers[0][..., :length, :] = self.keys
+                self.buffers[1][..., :length, :] = self.values
+        self.buffers[0][..., length:needed, :] = key_states
+        self.buffers[1][..., length:needed, :] = value_states
+        self.keys, self.values = (buffer[..., :needed, :] for buffer in self.buffers)
+        return self.keys, self.values
+
+
 class KVCache:
-    """A ``DynamicCache`` of full layers with the verbs the decoding loop needs, and the position of
-    every row (``positions [length]``; a committed row's position is its index, a tree node's is
+    """A ``DynamicCache`` of full layers (:class:`ReservedLayer`) with the verbs the decoding loop needs, and the
+    position of every row (``positions [length]``; a committed row's position is its index, a tree node's is
     the root's position plus its depth)."""
 
     def __init__(self) -> None:
@@ -97,6 +136,7 @@ class KVCache:
 
     def reset(self) -> None:
         self.cache = DynamicCache()  # full layers only: a sliding-window layer would drop rows
+        self.cache.layer_class_to_replicate = ReservedLayer  # made as the model's layers first write
         self.positions = torch.zeros(0, dtype=torch.long)  # [length]
 
     @property
