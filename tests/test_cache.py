@@ -176,3 +176,18 @@ def test_steps_write_into_the_reserved_rows_and_a_cropped_row_is_written_again(l
         logits = lm.forward(torch.tensor([committed[-1]]))[-1]
         torch.testing.assert_close(logits, fresh_logits(model, committed), atol=1e-4, rtol=1e-4)
         committed.append(token)
+
+
+def test_a_layer_given_other_tensors_drops_its_reserved_room_and_continues_exactly(llama_pair):
+    model, _ = llama_pair
+    lm = CausalLM(model)
+    committed = [5, 17, 33, 8]
+    lm.prefill(torch.tensor(committed[:-1]))
+    layers = lm.cache.cache.layers
+    assert all(layer.buffers is not None for layer in layers)
+    for layer in layers:  # as the batched engine pads or drops rows: new tensors, the same content
+        layer.keys, layer.values = layer.keys.clone(), layer.values.clone()
+    assert all(layer.buffers is None for layer in layers)  # the old room is released at once
+    logits = lm.forward(torch.tensor([committed[-1]]))[-1]
+    torch.testing.assert_close(logits, fresh_logits(model, committed), atol=1e-4, rtol=1e-4)
+    assert all(layer.buffers is not None for layer in layers)

@@ -94,13 +94,34 @@ class ReservedLayer(DynamicLayer):
     step copies its own rows, not the whole cache (``DynamicLayer`` does ``torch.cat`` every step). Measured on
     the packaged pair, AMD EPYC (AVX2), 2 threads, one-token forwards alternated with a concatenating cache (median
     ratio of 16-30 pairs): at 1,600 cached rows the int4 target took 0.94x the time, the int4 draft LM 0.92x, the
-    float32 target 0.97x; at 800 rows 0.98x (int4); at 200 no difference. A ``keys`` assigned from outside
-    (another tensor, another batch size) is copied into new buffers at the next ``update``. Rows past ``length``
-    may be overwritten: views of a longer, cropped cache do not stay valid."""
+    float32 target 0.97x; at 800 rows 0.98x (int4); at 200 no difference. Memory: up to 1.5x the rows in use
+    (a prefill of L rows reserves 1.5 L). Assigning ``keys`` or ``values`` another tensor (the batched engine's
+    padding, row removal; ``reset``) releases the buffers; the next ``update`` copies the assigned rows into
+    new ones. Rows past ``length`` may be overwritten: views of a longer, cropped cache do not stay valid."""
 
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        super().lazy_initialization(key_states, value_states)
-        self.buffers: tuple[torch.Tensor, torch.Tensor] | None = None  # keys, values [..., capacity, d]
+    buffers: tuple[torch.Tensor, torch.Tensor] | None = None  # keys, values [..., capacity, d]
+
+    @property
+    def keys(self) -> torch.Tensor | None:
+        return self._keys
+
+    @keys.setter
+    def keys(self, tensor: torch.Tensor | None) -> None:
+        self._keys = tensor
+        self._release_unless_in(tensor, 0)
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        return self._values
+
+    @values.setter
+    def values(self, tensor: torch.Tensor | None) -> None:
+        self._values = tensor
+        self._release_unless_in(tensor, 1)
+
+    def _release_unless_in(self, tensor: torch.Tensor | None, which: int) -> None:
+        if self.buffers is not None and (tensor is None or tensor.data_ptr() != self.buffers[which].data_ptr()):
+            self.buffers = None  # a tensor from outside: the reserved room is dropped
 
     def _in_buffers(self) -> bool:
         """Whether ``keys`` and ``values`` are still the leading rows of the buffers."""
