@@ -10,6 +10,10 @@ median tokens per second; then auto's steps by reason.
     python scripts/replay_positions.py data/replays/xeon-bf16-all.jsonl.gz --hardware epyc-bf16
     python scripts/replay_positions.py data/replays/avx2-fp32-int8-all.jsonl.gz \
         --hardware avx2-fp32-int8 --fixed 1,4,8,16,24 --bar 1
+    python scripts/replay_positions.py --all --fixed 1,2,4,8,16,24 --bar 1,2,4,8,16,24   # every pair of ALL
+
+``--all`` replays every recording at each machine of :data:`ALL` (about 1.5 minutes at 8 seeds) and ends with
+one line per pair and dataset: the table to compare before and after a controller change.
 
 Recordings: ``data/replays/`` (its README says what each holds). Budgets above the recorded tree size are cut to it
 (the controller's ``max_budget`` is the recorded size).
@@ -28,10 +32,21 @@ from collections import Counter, defaultdict
 from talon_sd.bench.simulate import HARDWARE, first_questions, load_turns, replay
 from talon_sd.control import BudgetController, ControllerSettings
 
+REPLAYS = pathlib.Path(__file__).resolve().parent.parent / "data" / "replays"
+ALL = (  # (recording, the machines its costs are replayed at): the recording's own machine first
+    ("avx2-fp32-int8-t1", ("avx2-fp32-int8-loop", "avx2-fp32-int8", "epyc-bf16")),
+    ("avx2-fp32-int8-all", ("avx2-fp32-int8-loop", "avx2-fp32-int8", "avx2-int4")),
+    ("xeon-bf16-all", ("intel-bf16",)),
+    ("epyc-bf16-sum-qa", ("epyc-bf16",)),
+    ("epyc-bf16-chat", ("epyc-bf16",)),
+    ("avx2-int4-ngram", ("avx2-int4-ngram",)),
+)
+
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("positions", type=pathlib.Path, nargs="+")
+    parser.add_argument("positions", type=pathlib.Path, nargs="*")
+    parser.add_argument("--all", action="store_true", help="every recording at each machine of ALL (module docstring)")
     parser.add_argument("--seeds", type=int, default=8)
     parser.add_argument("--hardware", choices=sorted(HARDWARE), default="intel-bf16")
     parser.add_argument("--noise", type=float, default=0.03)
@@ -49,7 +64,27 @@ def main(argv=None) -> int:
     parser.add_argument("--trace", type=int, default=0, metavar="SEEDS",
                         help="print auto's budget at every step of every turn for the first SEEDS seeds")
     args = parser.parse_args(argv)
-    turns = load_turns(args.positions)
+    if bool(args.positions) == args.all:
+        parser.error("give the recordings to replay, or --all: one of the two")
+    runs = [(REPLAYS / f"{name}.jsonl.gz", kind) for name, kinds in ALL for kind in kinds] if args.all else \
+        [(args.positions, args.hardware)]
+    summary = []
+    for positions, kind in runs:
+        print(f"== {positions.name if args.all else ' '.join(map(str, positions))} at {kind}")
+        for dataset, bars, plain in score(args, [positions] if args.all else positions, kind, parser):
+            summary.append(f"| {positions.name.removesuffix('.jsonl.gz') if args.all else '-'} | {kind} | {dataset} | "
+                           f"{statistics.median(bars):.3f} | {min(bars):.3f} | {statistics.median(plain):.3f} |")
+    if args.all:
+        print(f"\n| recording | costs of | dataset | auto / best of {args.bar} (median) | (worst seed) | auto / plain |")
+        print("|---|---|---|---|---|---|")
+        print("\n".join(summary))
+    return 0
+
+
+def score(args, paths: list[pathlib.Path], kind: str, parser) -> list[tuple[str, list[float], list[float]]]:
+    """Replay ``paths`` at machine ``kind``, print the per-dataset table; (dataset, auto / best fixed per seed,
+    auto / plain per seed) for each dataset."""
+    turns = load_turns(paths)
     if args.order is not None:
         order = args.order.split(",")
         unknown = sorted(set(order) - {turn.dataset for turn in turns})
@@ -58,7 +93,7 @@ def main(argv=None) -> int:
         turns = [turn for dataset in order for turn in turns if turn.dataset == dataset]
     if args.limit is not None:
         turns = first_questions(turns, args.limit)
-    hardware = HARDWARE[args.hardware]
+    hardware = HARDWARE[kind]
     if args.context_slope is not None:
         hardware = dataclasses.replace(hardware, verify_context_slope=args.context_slope)
     recorded = max(len(p["tokens"]) for t in turns for p in t.positions)
@@ -82,7 +117,7 @@ def main(argv=None) -> int:
             for label, value in rate.items():
                 rates[dataset][label].append(value)
             ratios[dataset].append((rate["auto"] / max(rate[k] for k in bar), rate["auto"] / rate.get(1, math.nan)))
-    print(f"{len(turns)} turns, trees of {recorded} nodes, {args.seeds} seeds, noise {args.noise}, {args.hardware}")
+    print(f"{len(turns)} turns, trees of {recorded} nodes, {args.seeds} seeds, noise {args.noise}, {kind}")
     print(f"{'dataset':10} {'auto / best of ' + args.bar + ' (median mean min)':>36} {'/ plain':>8}  "
           f"median tok/s: auto | " + " ".join(map(str, fixed)))
     for dataset, pairs in ratios.items():
@@ -91,7 +126,7 @@ def main(argv=None) -> int:
         print(f"{dataset:10} {statistics.median(bars):22.3f} {statistics.mean(bars):6.3f} {min(bars):6.3f} "
               f"{statistics.median(plain):8.3f}  {statistics.median(rates[dataset]['auto']):.2f} | {row}")
     print("auto's steps by reason:", dict(reasons.most_common()))
-    return 0
+    return [(dataset, [p[0] for p in pairs], [p[1] for p in pairs]) for dataset, pairs in ratios.items()]
 
 
 if __name__ == "__main__":
