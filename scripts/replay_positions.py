@@ -12,7 +12,7 @@ median tokens per second; then auto's steps by reason.
         --hardware avx2-fp32-int8 --fixed 1,4,8,16,24 --bar 1
     python scripts/replay_positions.py --all --fixed 1,2,4,8,16,24 --bar 1,2,4,8,16,24   # every pair of ALL
 
-``--all`` replays every recording at each machine of :data:`ALL` (about 1.5 minutes at 8 seeds) and ends with
+``--all`` replays every recording at each machine of :data:`ALL` (about a minute at 8 seeds) and ends with
 one line per pair and dataset: the table to compare before and after a controller change.
 
 Recordings: ``data/replays/`` (its README says what each holds). Budgets above the recorded tree size are cut to it
@@ -66,14 +66,14 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if bool(args.positions) == args.all:
         parser.error("give the recordings to replay, or --all: one of the two")
-    runs = [(REPLAYS / f"{name}.jsonl.gz", kind) for name, kinds in ALL for kind in kinds] if args.all else \
-        [(args.positions, args.hardware)]
+    runs = [([REPLAYS / f"{name}.jsonl.gz"], name, kind) for name, kinds in ALL for kind in kinds] if args.all else \
+        [(args.positions, " ".join(map(str, args.positions)), args.hardware)]
     summary = []
-    for positions, kind in runs:
-        print(f"== {positions.name if args.all else ' '.join(map(str, positions))} at {kind}")
-        for dataset, bars, plain in score(args, [positions] if args.all else positions, kind, parser):
-            summary.append(f"| {positions.name.removesuffix('.jsonl.gz') if args.all else '-'} | {kind} | {dataset} | "
-                           f"{statistics.median(bars):.3f} | {min(bars):.3f} | {statistics.median(plain):.3f} |")
+    for paths, name, kind in runs:
+        print(f"== {name} at {kind}")
+        for dataset, bars, plain in score(args, paths, kind, parser):
+            summary.append(f"| {name} | {kind} | {dataset} | {statistics.median(bars):.3f} | {min(bars):.3f} | "
+                           f"{statistics.median(plain):.3f} |")
     if args.all:
         print(f"\n| recording | costs of | dataset | auto / best of {args.bar} (median) | (worst seed) | auto / plain |")
         print("|---|---|---|---|---|---|")

@@ -88,6 +88,19 @@ def attention_layout(model, role: str = "model") -> AttentionLayout:
     return AttentionLayout(tuple(layer_types), window)
 
 
+def _view_of_buffer(which: int) -> property:
+    """A :class:`ReservedLayer`'s ``keys`` (0) or ``values`` (1): assigning a tensor that is not a view of its buffer
+    (or None) releases the buffers."""
+    attribute = ("_keys", "_values")[which]
+
+    def assign(layer: "ReservedLayer", tensor: torch.Tensor | None) -> None:
+        setattr(layer, attribute, tensor)
+        if layer.buffers is not None and (tensor is None or tensor.data_ptr() != layer.buffers[which].data_ptr()):
+            layer.buffers = None  # a tensor from outside: the reserved room is dropped
+
+    return property(lambda layer: getattr(layer, attribute), assign)
+
+
 class ReservedLayer(DynamicLayer):
     """A full cache layer that writes new rows into reserved room instead of concatenating: ``keys`` and
     ``values`` are views ``[..., :length, :]`` of buffers holding up to 1.5x the rows (256 more at least), so a
@@ -100,34 +113,13 @@ class ReservedLayer(DynamicLayer):
     new ones. Rows past ``length`` may be overwritten: views of a longer, cropped cache do not stay valid."""
 
     buffers: tuple[torch.Tensor, torch.Tensor] | None = None  # keys, values [..., capacity, d]
-
-    @property
-    def keys(self) -> torch.Tensor | None:
-        return self._keys
-
-    @keys.setter
-    def keys(self, tensor: torch.Tensor | None) -> None:
-        self._keys = tensor
-        self._release_unless_in(tensor, 0)
-
-    @property
-    def values(self) -> torch.Tensor | None:
-        return self._values
-
-    @values.setter
-    def values(self, tensor: torch.Tensor | None) -> None:
-        self._values = tensor
-        self._release_unless_in(tensor, 1)
-
-    def _release_unless_in(self, tensor: torch.Tensor | None, which: int) -> None:
-        if self.buffers is not None and (tensor is None or tensor.data_ptr() != self.buffers[which].data_ptr()):
-            self.buffers = None  # a tensor from outside: the reserved room is dropped
+    keys, values = _view_of_buffer(0), _view_of_buffer(1)
 
     def _in_buffers(self) -> bool:
-        """Whether ``keys`` and ``values`` are still the leading rows of the buffers."""
-        return self.buffers is not None and all(
-            view.data_ptr() == buffer.data_ptr() and view.shape[:-2] == buffer.shape[:-2]
-            and view.stride() == buffer.stride() for view, buffer in zip((self.keys, self.values), self.buffers))
+        """Whether ``keys`` and ``values`` are still the leading rows of the buffers (the same storage, else the
+        buffers were released when they were assigned: only a cut of the rows or the batch can differ)."""
+        return self.buffers is not None and all(view.shape[:-2] == buffer.shape[:-2] and view.stride() == buffer.stride()
+                                                for view, buffer in zip((self.keys, self.values), self.buffers))
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
