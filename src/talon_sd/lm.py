@@ -33,6 +33,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from .decoder import LeanDecoder
 from .errors import TalonError
 
 SUPPORTED_ATTENTION = ("grouped", "sdpa", "eager")  # grouped: talon_sd.attention
@@ -201,6 +202,7 @@ class CausalLM:
         self.max_positions = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
         self.hidden_size = int(model.config.get_text_config(decoder=True).hidden_size)
         self.num_layers = int(model.config.get_text_config(decoder=True).num_hidden_layers)
+        self.lean = LeanDecoder.of(model)  # transformers' arithmetic without its overhead, where it applies
 
     def reset(self) -> None:
         self.cache.reset()
@@ -222,6 +224,12 @@ class CausalLM:
         if positions is None:
             positions = torch.arange(past, past + count, device=self.device)
         positions = positions.to(self.device)
+        if self._lean_for(capture):
+            mask = None if visible is None else additive_mask(visible, self.dtype, self.device)  # [T, past + T]
+            logits, features = self.lean.forward(tokens.to(self.device), positions, self.cache.cache, mask,
+                                                 "last" if last_only else "all", capture)
+            self._appended(positions)
+            return (logits, features) if capture else logits
         kwargs = {}
         if visible is not None:
             kwargs["attention_mask"] = self._tree_mask(visible.to(self.device), positions)
@@ -233,15 +241,23 @@ class CausalLM:
             output_hidden_states=bool(capture),
             **kwargs,
         )
-        self.cache.positions = torch.cat([self.cache.positions, positions.to(self.cache.positions.device)])
+        self._appended(positions)
         # (logits_to_keep=1 is avoided on purpose: with T > 1 it made bf16 CPU forwards ~6x slower)
         logits = output.logits[0, -1:] if last_only else output.logits[0]
         logits = logits.float()  # [T or 1, V]
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
         if capture:
             return logits, _features(output.hidden_states, capture)
         return logits
+
+    def _lean_for(self, capture: tuple[int, ...]) -> bool:
+        """Whether the lean decoder runs this call (it captures the inputs of layers, not the final norm's output)."""
+        return self.lean is not None and all(layer < self.num_layers for layer in capture)
+
+    def _appended(self, positions: torch.Tensor) -> None:
+        """Record the positions of rows just written (waiting for the device, so that a forward can be timed)."""
+        self.cache.positions = torch.cat([self.cache.positions, positions.to(self.cache.positions.device)])
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def _tree_mask(self, visible: torch.Tensor, positions: torch.Tensor):
         """The additive mask(s) for ``visible`` [T, past + T]: one tensor ``[1, 1, T, past + T]``, or one per
@@ -267,6 +283,12 @@ class CausalLM:
         self.reset()
         if not tokens.numel():
             return torch.zeros(0, self.hidden_size * len(capture), device=self.device) if capture else None
+        if self._lean_for(capture):
+            count = int(tokens.numel())
+            positions = torch.arange(count, device=self.device)
+            _, features = self.lean.forward(tokens.to(self.device), positions, self.cache.cache, None, None, capture)
+            self._appended(positions)
+            return features
         decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else None
         if decoder is None:
             output = self.forward(tokens, last_only=True, capture=capture)

@@ -150,6 +150,12 @@ class _WeightOnlyLinear(torch.nn.Module):
         """[rows, in] -> [rows, out] through the quantized kernel: float32 where :attr:`native`, else bfloat16."""
         raise NotImplementedError
 
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        """x [rows, in] float32 -> [rows, out] float32 where :attr:`native` (what :meth:`forward` computes, without
+        its reshapes and conversions: :mod:`talon_sd.decoder` calls it)."""
+        y = self._rows_times_weight(x.contiguous())  # [rows, out]
+        return y if self.bias is None else y.add_(self.bias)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
         rows = x.reshape(-1, self.in_features).to(torch.float32 if self.native else torch.bfloat16)  # [rows, in]
         if self.dense is not None and rows.shape[0] > QUANTIZED_ROWS:  # rounded as the kernel rounds: bfloat16

@@ -1,0 +1,137 @@
+"""A lean forward for Llama-family decoders on CPU: transformers' arithmetic, op for op, without its per-call overhead.
+
+A one-token step of the 1.5B int4 target runs 197 linears in about 40 ms of kernels; through transformers' modules
+the step took about 60-75 ms. The rest is Python: ~430 module calls, their hooks and wrappers, the mask builders, the
+output records, ~5,000 small tensor ops. This forward does what ``Qwen2DecoderLayer`` / ``LlamaDecoderLayer`` do
+(RMSNorm, rotary embedding, grouped attention as :mod:`talon_sd.attention` writes it, SiLU MLP, residuals) in the
+same order and dtypes, calling the model's own projection modules (the quantized linears' kernels directly,
+:meth:`talon_sd.quantize._WeightOnlyLinear.rows`), its embedding, rotary module, final norm weight and output head,
+and writing keys and values through the ``DynamicCache``'s own ``update``, so the cache is the one the
+transformers forward would leave. Logits equal transformers' bit for bit on the tiny test models and on the packaged
+pair (tested). Measured on the packaged pair, AMD EPYC (AVX2), 2 threads, float32 activations with int4 weights,
+one-token steps at 200 cached rows alternated with transformers' forward (``python scripts/lean_decoder.py``; figures
+in docs/BENCHMARKS.md section 6).
+
+Used by :class:`talon_sd.lm.CausalLM` for models it knows exactly (:meth:`LeanDecoder.of`): ``LlamaForCausalLM``,
+``Qwen2ForCausalLM`` and ``MistralForCausalLM`` with SiLU MLPs, full attention in every layer and the ``grouped``
+attention (the CPU default). Anything else (CUDA's ``sdpa``, sliding windows, other architectures, the batched
+engine) runs transformers' forward as before.
+"""
+
+from __future__ import annotations
+
+import torch
+
+ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+
+
+class LeanDecoder:
+    """The decoder stack and output head of one model, called as :meth:`forward`."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+        self.layers = [_Layer(layer) for layer in model.model.layers]
+        self.eps = float(model.model.norm.variance_epsilon)
+
+    @classmethod
+    def of(cls, model) -> LeanDecoder | None:
+        """A lean decoder for ``model``, or None where it is not one this module reproduces exactly."""
+        config = model.config
+        layers = getattr(getattr(model, "model", None), "layers", None)
+        if (type(model).__name__ not in ARCHITECTURES or layers is None
+                or getattr(config, "_attn_implementation", None) != "grouped"
+                or getattr(config, "hidden_act", None) != "silu"
+                or any(kind != "full_attention" for kind in (getattr(config, "layer_types", None) or ()))
+                or getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)
+                or getattr(config, "pretraining_tp", 1) != 1):
+            return None
+        return cls(model)
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache, mask: torch.Tensor | None,
+                head: str | None = "all", capture: tuple[int, ...] = ()):
+        """Append ``tokens`` [T] at ``positions`` [T] to ``cache`` (a ``DynamicCache`` of P rows) and return
+        ``(logits, features)``: float32 logits of every row (``head="all"``, [T, V]), of the last (``"last"``,
+        [1, V]) or None (``None``, a prefill); ``features`` [T, H * len(capture)] the residual stream entering each
+        layer of ``capture`` in its order (transformers' ``hidden_states[i]``, i < layers), or None. ``mask``: additive
+        [T, P + T] (0 = visible, the dtype's lowest value elsewhere); None means causal."""
+        count = int(tokens.shape[0])
+        hidden = self.model.model.embed_tokens(tokens)  # [T, H]
+        cos, sin = self.model.model.rotary_emb(hidden[None], positions[None])  # [1, T, d] each
+        rotary = cos[0][:, None, :], sin[0][:, None, :]  # [T, 1, d]: every head alike
+        if mask is None and count > 1:
+            past = cache.get_seq_length()
+            visible = torch.ones(count, past + count, dtype=torch.bool, device=tokens.device).tril(past)
+            mask = torch.zeros(visible.shape, dtype=hidden.dtype, device=tokens.device)
+            mask.masked_fill_(~visible, torch.finfo(hidden.dtype).min)  # [T, P + T]
+        entering = {}  # layer index -> [T, H]
+        for index, layer in enumerate(self.layers):
+            if index in capture:
+                entering[index] = hidden
+            hidden = layer.forward(hidden, rotary, cache, index, mask)
+        features = torch.cat([entering[index] for index in capture], dim=-1) if capture else None
+        if head is None:
+            return None, features
+        rows = hidden[-1:] if head == "last" else hidden
+        logits = self.model.lm_head(_rms_norm(rows, self.model.model.norm.weight, self.eps))
+        return logits.float(), features
+
+
+class _Layer:
+    """One decoder layer's weights and calls (``Qwen2DecoderLayer.forward`` / ``LlamaDecoderLayer.forward``)."""
+
+    def __init__(self, layer) -> None:
+        attention, mlp = layer.self_attn, layer.mlp
+        self.input_norm, self.post_norm = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
+        self.eps = float(layer.input_layernorm.variance_epsilon)
+        self.head_dim, self.scaling = int(attention.head_dim), float(attention.scaling)
+        self.query, self.key, self.value, self.output = (_rows_of(attention.q_proj), _rows_of(attention.k_proj),
+                                                         _rows_of(attention.v_proj), _rows_of(attention.o_proj))
+        self.gate, self.up, self.down = _rows_of(mlp.gate_proj), _rows_of(mlp.up_proj), _rows_of(mlp.down_proj)
+
+    def forward(self, hidden: torch.Tensor, rotary, cache, index: int, mask: torch.Tensor | None) -> torch.Tensor:
+        count, d = hidden.shape[0], self.head_dim
+        x = _rms_norm(hidden, self.input_norm, self.eps)  # [T, H]
+        query = self.query(x).view(count, -1, d)  # [T, heads, d]
+        key = self.key(x).view(count, -1, d)  # [T, kv heads, d]
+        value = self.value(x).view(count, -1, d)
+        query, key = _rotate(query, *rotary), _rotate(key, *rotary)
+        keys, values = cache.update(key.transpose(0, 1)[None], value.transpose(0, 1)[None], index)  # [1, KV, L, d]
+        hidden = hidden + self.output(_attention(query, keys[0], values[0], mask, self.scaling))
+        x = _rms_norm(hidden, self.post_norm, self.eps)
+        return hidden + self.down(torch.nn.functional.silu(self.gate(x)) * self.up(x))
+
+
+def _rows_of(module):
+    """[T, in] -> [T, out]: a quantized linear's kernel directly where it has one, else the module."""
+    rows = getattr(module, "rows", None)
+    return rows if callable(rows) and getattr(module, "native", False) else module
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``Qwen2RMSNorm`` / ``LlamaRMSNorm``: normalized in float32, scaled in the input's dtype."""
+    x32 = x.to(torch.float32)
+    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of x [T, heads, d] (``apply_rotary_pos_emb``: the halves rotated, not interleaved)."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+def _attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
+               scaling: float) -> torch.Tensor:
+    """query [T, heads, d], keys/values [KV, L, d], an additive mask [T, L] or None -> [T, heads * d], as
+    :func:`talon_sd.attention.grouped_attention_forward` computes it (each key/value head serves its query heads
+    through one matmul)."""
+    count, heads, d = query.shape
+    kv_heads, length = keys.shape[0], keys.shape[1]
+    group = heads // kv_heads
+    grouped = query.permute(1, 0, 2).reshape(kv_heads, group * count, d)  # [KV, group * T, d]
+    scores = torch.matmul(grouped, keys.transpose(1, 2)).view(kv_heads, group, count, length)
+    scores = scores.float() * scaling  # [KV, group, T, L]
+    if mask is not None:
+        scores = scores + mask.float()
+    weights = torch.softmax(scores, dim=-1).to(values.dtype).view(kv_heads, group * count, length)
+    output = torch.matmul(weights, values).view(heads, count, d)  # [heads, T, d]
+    return output.transpose(0, 1).reshape(count, heads * d)
