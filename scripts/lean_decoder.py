@@ -1,6 +1,6 @@
 """The lean decoder against transformers' forward on the packaged pair: per-forward time, alternated in one process.
 
-For the target and the draft LM, prefills ``--context`` random tokens and times a forward of T tokens (T = 1, a
+For the target and the draft LM, prefills each of ``--contexts`` random tokens and times a forward of T tokens (T = 1, a
 plain step or a draft expansion; larger T, a tree verify with a causal mask) through :mod:`talon_sd.decoder` and
 through transformers' modules, alternating the two ``--pairs`` times on the same cache (each forward's rows are
 cropped again), and prints median milliseconds, the median of the per-pair ratios and whether the two forwards'
@@ -49,7 +49,7 @@ def main() -> None:
     for name, lm in models.items():
         lean = lm.lean
         if lean is None:
-            print(f"| {name} | - | - | - | - | no lean decoder for this model |")
+            print(f"| {name} | - | - | - | - | no lean decoder for this model | - |")
             continue
         for context in map(int, args.contexts.split(",")):
             lm.prefill(torch.randint(100, 20000, (context,), generator=generator_seed))

@@ -7,14 +7,17 @@ output records, ~5,000 small tensor ops. This forward does what ``Qwen2DecoderLa
 same order and dtypes, calling the model's own projection modules (the quantized linears' kernels directly,
 :meth:`talon_sd.quantize._WeightOnlyLinear.rows`), its embedding, rotary module, final norm weight and output head,
 and writing keys and values through the ``DynamicCache``'s own ``update``, so the cache is the one the
-transformers forward would leave. Logits equal transformers' bit for bit on the tiny test models and on the packaged
-pair (tested). Measured on the packaged pair, AMD EPYC (AVX2), 2 threads, float32 activations with int4 weights,
+transformers forward would leave. Logits, cache rows and captured features equal transformers' bit for bit on the
+tiny test models (float32 and bfloat16; dense, oneDNN-packed, dynamic int8 and native int4 / int8 linears) and
+logits on the packaged pair (``scripts/lean_decoder.py`` checks). This is the one place the library writes a model's
+decoder layer itself (the house rule is no copied modeling files): the bit-for-bit tests guard it against
+transformers upgrades. Measured on the packaged pair, AMD EPYC (AVX2), 2 threads, float32 activations with int4 weights,
 one-token steps at 200 cached rows alternated with transformers' forward (``python scripts/lean_decoder.py``; figures
 in docs/BENCHMARKS.md section 6).
 
 Used by :class:`talon_sd.lm.CausalLM` for models it knows exactly (:meth:`LeanDecoder.of`): ``LlamaForCausalLM``,
 ``Qwen2ForCausalLM`` and ``MistralForCausalLM`` with SiLU MLPs, full attention in every layer and the ``grouped``
-attention (the CPU default). Anything else (CUDA's ``sdpa``, sliding windows, other architectures, the batched
+attention (the CPU default; any device). Anything else (CUDA's ``sdpa``, sliding windows, other architectures, the batched
 engine) runs transformers' forward as before.
 """
 
@@ -35,23 +38,24 @@ class LeanDecoder:
 
     @classmethod
     def of(cls, model) -> LeanDecoder | None:
-        """A lean decoder for ``model``, or None where it is not one this module reproduces exactly."""
+        """A lean decoder for ``model``, or None where it is not one this module reproduces exactly. Decided and
+        the projections taken when called: replace or quantize a model's linears before making its ``CausalLM``."""
         config = model.config
         layers = getattr(getattr(model, "model", None), "layers", None)
-        if (type(model).__name__ not in ARCHITECTURES or layers is None
+        sliding = (any(kind != "full_attention" for kind in (getattr(config, "layer_types", None) or ()))
+                   or (getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)))
+        if (type(model).__name__ not in ARCHITECTURES or layers is None or sliding
                 or getattr(config, "_attn_implementation", None) != "grouped"
-                or getattr(config, "hidden_act", None) != "silu"
-                or any(kind != "full_attention" for kind in (getattr(config, "layer_types", None) or ()))
-                or getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)
-                or getattr(config, "pretraining_tp", 1) != 1):
+                or getattr(config, "hidden_act", None) != "silu"):
             return None
         return cls(model)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache, mask: torch.Tensor | None,
-                head: str | None = "all", capture: tuple[int, ...] = ()):
+                logits: bool = True, capture: tuple[int, ...] = ()):
         """Append ``tokens`` [T] at ``positions`` [T] to ``cache`` (a ``DynamicCache`` of P rows) and return
-        ``(logits, features)``: float32 logits of every row (``head="all"``, [T, V]), of the last (``"last"``,
-        [1, V]) or None (``None``, a prefill); ``features`` [T, H * len(capture)] the residual stream entering each
+        ``(logits, features)``: float32 logits of every row [T, V] (the head runs on all rows, as transformers'
+        does: a matmul of one row can round differently), or None without ``logits`` (a prefill); ``features``
+        [T, H * len(capture)] the residual stream entering each
         layer of ``capture`` in its order (transformers' ``hidden_states[i]``, i < layers), or None. ``mask``: additive
         [T, P + T] (0 = visible, the dtype's lowest value elsewhere); None means causal."""
         count = int(tokens.shape[0])
@@ -69,11 +73,9 @@ class LeanDecoder:
                 entering[index] = hidden
             hidden = layer.forward(hidden, rotary, cache, index, mask)
         features = torch.cat([entering[index] for index in capture], dim=-1) if capture else None
-        if head is None:
+        if not logits:
             return None, features
-        rows = hidden[-1:] if head == "last" else hidden
-        logits = self.model.lm_head(_rms_norm(rows, self.model.model.norm.weight, self.eps))
-        return logits.float(), features
+        return self.model.lm_head(_rms_norm(hidden, self.model.model.norm.weight, self.eps)).float(), features
 
 
 class _Layer:

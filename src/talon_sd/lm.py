@@ -2,7 +2,9 @@
 
 Tree attention reaches the model only through the forward call's public arguments: ``input_ids``,
 ``position_ids``, a 4-D additive ``attention_mask`` ``[1, 1, T, past + T]`` and a ``DynamicCache``
-(no copied modeling files, no patched attention). Cache layout while verifying a tree of N nodes::
+(no copied modeling files, no patched attention); or, for Llama, Qwen2 and Mistral models with the CPU's
+``grouped`` attention, through :mod:`talon_sd.decoder`, which computes that forward's arithmetic op for op (tested
+bit for bit) without its per-module overhead. Cache layout while verifying a tree of N nodes::
 
     cache rows:  [ committed tokens except the root (past) | root n1 n2 ... n(N-1) ]
                                                               ^ tree nodes, index order
@@ -227,8 +229,9 @@ class CausalLM:
         if self._lean_for(capture):
             mask = None if visible is None else additive_mask(visible, self.dtype, self.device)  # [T, past + T]
             logits, features = self.lean.forward(tokens.to(self.device), positions, self.cache.cache, mask,
-                                                 "last" if last_only else "all", capture)
+                                                 capture=capture)
             self._appended(positions)
+            logits = logits[-1:] if last_only else logits  # [T or 1, V]
             return (logits, features) if capture else logits
         kwargs = {}
         if visible is not None:
@@ -251,7 +254,7 @@ class CausalLM:
 
     def _lean_for(self, capture: tuple[int, ...]) -> bool:
         """Whether the lean decoder runs this call (it captures the inputs of layers, not the final norm's output)."""
-        return self.lean is not None and all(layer < self.num_layers for layer in capture)
+        return self.lean is not None and all(0 <= layer < self.num_layers for layer in capture)
 
     def _appended(self, positions: torch.Tensor) -> None:
         """Record the positions of rows just written (waiting for the device, so that a forward can be timed)."""
@@ -286,7 +289,7 @@ class CausalLM:
         if self._lean_for(capture):
             count = int(tokens.numel())
             positions = torch.arange(count, device=self.device)
-            _, features = self.lean.forward(tokens.to(self.device), positions, self.cache.cache, None, None, capture)
+            _, features = self.lean.forward(tokens.to(self.device), positions, self.cache.cache, None, False, capture)
             self._appended(positions)
             return features
         decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else None
