@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import torch
 
+from .quantize import _WeightOnlyLinear
+
 ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 
 
@@ -57,16 +59,11 @@ class LeanDecoder:
         does: a matmul of one row can round differently), or None without ``logits`` (a prefill); ``features``
         [T, H * len(capture)] the residual stream entering each
         layer of ``capture`` in its order (transformers' ``hidden_states[i]``, i < layers), or None. ``mask``: additive
-        [T, P + T] (0 = visible, the dtype's lowest value elsewhere); None means causal."""
-        count = int(tokens.shape[0])
+        [T, P + T] (0 = visible, the dtype's lowest value elsewhere; :func:`talon_sd.lm.additive_mask`), None where
+        every row sees every key (one token after the cache)."""
         hidden = self.model.model.embed_tokens(tokens)  # [T, H]
         cos, sin = self.model.model.rotary_emb(hidden[None], positions[None])  # [1, T, d] each
         rotary = cos[0][:, None, :], sin[0][:, None, :]  # [T, 1, d]: every head alike
-        if mask is None and count > 1:
-            past = cache.get_seq_length()
-            visible = torch.ones(count, past + count, dtype=torch.bool, device=tokens.device).tril(past)
-            mask = torch.zeros(visible.shape, dtype=hidden.dtype, device=tokens.device)
-            mask.masked_fill_(~visible, torch.finfo(hidden.dtype).min)  # [T, P + T]
         entering = {}  # layer index -> [T, H]
         for index, layer in enumerate(self.layers):
             if index in capture:
@@ -104,9 +101,8 @@ class _Layer:
 
 
 def _rows_of(module):
-    """[T, in] -> [T, out]: a quantized linear's kernel directly where it has one, else the module."""
-    rows = getattr(module, "rows", None)
-    return rows if callable(rows) and getattr(module, "native", False) else module
+    """[T, in] -> [T, out]: a native quantized linear's kernel directly (float32 in and out), else the module."""
+    return module.rows if isinstance(module, _WeightOnlyLinear) and module.native else module
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -227,10 +227,7 @@ class CausalLM:
             positions = torch.arange(past, past + count, device=self.device)
         positions = positions.to(self.device)
         if self._lean_for(capture):
-            mask = None if visible is None else additive_mask(visible, self.dtype, self.device)  # [T, past + T]
-            logits, features = self.lean.forward(tokens.to(self.device), positions, self.cache.cache, mask,
-                                                 capture=capture)
-            self._appended(positions)
+            logits, features = self._lean_forward(tokens, positions, visible, True, capture)
             logits = logits[-1:] if last_only else logits  # [T or 1, V]
             return (logits, features) if capture else logits
         kwargs = {}
@@ -255,6 +252,18 @@ class CausalLM:
     def _lean_for(self, capture: tuple[int, ...]) -> bool:
         """Whether the lean decoder runs this call (it captures the inputs of layers, not the final norm's output)."""
         return self.lean is not None and all(0 <= layer < self.num_layers for layer in capture)
+
+    def _lean_forward(self, tokens: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor | None, logits: bool,
+                      capture: tuple[int, ...]):
+        """:meth:`LeanDecoder.forward` over ``tokens`` [T] at ``positions`` [T] (on the device), seeing ``visible``
+        [T, past + T] (None: causal), then the positions recorded."""
+        count, past = int(tokens.shape[0]), self.cache.length
+        if visible is None and count > 1:
+            visible = torch.ones(count, past + count, dtype=torch.bool).tril(past)  # causal
+        mask = None if visible is None else additive_mask(visible, self.dtype, self.device)  # [T, past + T]
+        output = self.lean.forward(tokens.to(self.device), positions, self.cache.cache, mask, logits, capture)
+        self._appended(positions)
+        return output
 
     def _appended(self, positions: torch.Tensor) -> None:
         """Record the positions of rows just written (waiting for the device, so that a forward can be timed)."""
@@ -287,11 +296,8 @@ class CausalLM:
         if not tokens.numel():
             return torch.zeros(0, self.hidden_size * len(capture), device=self.device) if capture else None
         if self._lean_for(capture):
-            count = int(tokens.numel())
-            positions = torch.arange(count, device=self.device)
-            _, features = self.lean.forward(tokens.to(self.device), positions, self.cache.cache, None, False, capture)
-            self._appended(positions)
-            return features
+            positions = torch.arange(int(tokens.numel()), device=self.device)
+            return self._lean_forward(tokens, positions, None, False, capture)[1]
         decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else None
         if decoder is None:
             output = self.forward(tokens, last_only=True, capture=capture)

@@ -151,20 +151,17 @@ class _WeightOnlyLinear(torch.nn.Module):
         raise NotImplementedError
 
     def rows(self, x: torch.Tensor) -> torch.Tensor:
-        """x [rows, in] float32 -> [rows, out] float32 where :attr:`native` (what :meth:`forward` computes, without
-        its reshapes and conversions: :mod:`talon_sd.decoder` calls it)."""
-        y = self._rows_times_weight(x.contiguous())  # [rows, out]
-        return y if self.bias is None else y.add_(self.bias)
+        """x [rows, in] -> [rows, out] in the kernel's activation dtype (float32 where :attr:`native`, else
+        bfloat16): :meth:`forward` without its reshapes and conversions (:mod:`talon_sd.decoder` calls it)."""
+        if self.dense is not None and x.shape[0] > QUANTIZED_ROWS:  # rounded as the kernel rounds: bfloat16
+            y = (x.to(self.dense.dtype) @ self.dense.T).to(x.dtype)  # [rows, out]
+        else:
+            y = self._rows_times_weight(x.contiguous())  # [rows, out]
+        return y if self.bias is None else y.add_(self.bias)  # y is new: the kernel's or the matmul's output
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
         rows = x.reshape(-1, self.in_features).to(torch.float32 if self.native else torch.bfloat16)  # [rows, in]
-        if self.dense is not None and rows.shape[0] > QUANTIZED_ROWS:  # rounded as the kernel rounds: bfloat16
-            y = (rows.to(self.dense.dtype) @ self.dense.T).to(rows.dtype)  # [rows, out]
-        else:
-            y = self._rows_times_weight(rows.contiguous())  # [rows, out]
-        if self.bias is not None:
-            y.add_(self.bias)  # y is new: the kernel's or the matmul's output
-        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+        return self.rows(rows).reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def extra_repr(self) -> str:
         rows = ("native" if self.dense is None else
