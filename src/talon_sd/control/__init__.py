@@ -10,8 +10,8 @@ Value: the prefix property
     of position >= k, greedy or sampled (a position's draw does not depend on the tree, :mod:`talon_sd.verify`):
     one verified tree of M nodes tells every k <= M what it would have committed and run (:func:`prefix_outcome`).
     Per budget the controller keeps sums over the steps that informed it (:class:`Value`), a step's weight halving
-    every ``half_life`` steps. Above the choice only probes inform a budget: its expected tokens are its mean ratio to
-    the budget below on those steps (each step weighs 1), chained up from N = 1 (the probes' shared text cancels).
+    every ``half_life`` steps. Above the choice only probes inform a budget: its expected tokens are its ratio to
+    the budget below on those steps, chained up from N = 1 (what the probes' text had in common cancels).
 
 The text: the target's confidence
     An exponential mean of the target's top-1 probability over the committed tokens (1/8 each) tells predictable

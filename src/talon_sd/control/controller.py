@@ -15,7 +15,7 @@ LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # the budgets considered (a
 TRUSTED = 4  # steps that must inform a budget before it can be chosen
 PREDICTABLE = 0.9  # the target's recent top-1 probability from which text counts as predictable
 CONFIDENCE_TOKENS = 8  # committed tokens the recent top-1 probability is a running mean over
-STATE_VERSION = 3
+STATE_VERSION = 2
 REASONS = {  # why a step got its budget (DecodeStats.reasons)
     "initial": "nothing learned yet: the initial budget",
     "choice": "the most expected tokens per second",
@@ -63,10 +63,10 @@ class ControllerSettings:
 
 
 class Value:
-    """Per candidate budget, aged sums over the steps that informed it of their weight, ratio of committed tokens at
-    it to those at the budget below, and nodes, and its draft forwards by width (priced when read); and their count."""
+    """Per candidate budget, aged sums over the steps that informed it of their weight, committed tokens at it and
+    at the budget below and nodes, and its draft forwards by width (priced when read); and their count."""
 
-    NAMES = ("weight", "ratio", "nodes")
+    NAMES = ("weight", "tokens", "below", "nodes")
 
     def __init__(self, candidates: tuple[int, ...]) -> None:
         self.candidates = candidates
@@ -79,16 +79,16 @@ class Value:
             if not informs(record, k):
                 break
             outcome, below = prefix_outcome(record, k), prefix_outcome(record, self.candidates[i - 1])
-            for name, amount in zip(self.NAMES, (1, (outcome.accepted + 1) / (below.accepted + 1), outcome.tree_size)):
+            for name, amount in zip(self.NAMES, (1, outcome.accepted + 1, below.accepted + 1, outcome.tree_size)):
                 self.sums[name][i] += amount
             for width in outcome.draft_widths:
                 self.widths[i][width] = self.widths[i].get(width, 0.0) + 1
             self.informed[i] += 1
 
-    def ratios(self) -> dict[int, float]:  # each budget's mean ratio to the budget below on the steps informing it
-        weight, ratio = self.sums["weight"], self.sums["ratio"]
-        return {k: ratio[i] / weight[i] for i, k in enumerate(self.candidates)
-                if i and self.informed[i] >= TRUSTED and weight[i] > 0}
+    def ratios(self) -> dict[int, float]:  # each budget's tokens over the budget below's on the steps informing it
+        tokens, below = self.sums["tokens"], self.sums["below"]
+        return {k: tokens[i] / below[i] for i, k in enumerate(self.candidates)
+                if i and self.informed[i] >= TRUSTED and below[i] > 0}
 
     def shape(self, budget: int) -> tuple[dict[int, float], float]:
         """(draft forwards by width, verified nodes) of a step at ``budget`` on average; unknown: log2 N forwards."""
