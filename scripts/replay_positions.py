@@ -99,7 +99,8 @@ def score(args, paths: list[pathlib.Path], kind: str, parser) -> list[tuple[str,
     recorded = max(len(p["tokens"]) for t in turns for p in t.positions)
     fixed = [int(k) for k in args.fixed.split(",")]
     bar = [int(k) for k in args.bar.split(",")]
-    overrides = {name: json.loads(value) for name, value in (item.split("=", 1) for item in args.set)}
+    overrides = {"kind_floor": 0.0} if {turn.drafter for turn in turns} == {"ngram"} else {}  # as the generator
+    overrides |= {name: json.loads(value) for name, value in (item.split("=", 1) for item in args.set)}
     settings = ControllerSettings(max_budget=recorded, initial_budget=args.initial_budget, **overrides)
     policies = {"auto": lambda: BudgetController(settings), **{k: k for k in fixed}}
     ratios, rates, reasons = defaultdict(list), defaultdict(lambda: defaultdict(list)), Counter()

@@ -132,6 +132,30 @@ def test_predictable_text_drafts_where_open_text_stays_plain():
     assert sum(b == 1 for b in on_chat) / len(on_chat) >= 0.8
 
 
+def chain_step(accepted: int, confidence: float) -> StepRecord:
+    """A 4-node chain (root and 3 drafted tokens) of which the target kept the first ``accepted``."""
+    return StepRecord(node_parent=(-1, 0, 1, 2), accepted=tuple(range(1, accepted + 1)), forward_widths=(1, 1, 1),
+                      prefix_after_forward=(2, 3, 4), draft_seconds=(0.1, 0.1, 0.1), verify_seconds=1.0,
+                      other_seconds=0.0, budget=4, complete=False, confidence=(confidence,) * (accepted + 1))
+
+
+def test_confident_text_expects_at_least_what_all_text_accepts_unless_told_otherwise():
+    """A draft model agrees more where the target is sure (code after chat): with ``kind_floor`` 1 predictable text
+    expects at least what all text accepted, even where its own drafted steps (math) accepted less; with 0 (the
+    n-gram drafter's) it expects what its own steps accepted."""
+    expected = {}
+    for floor in (0.0, 1.0):
+        controller = fresh(kind_floor=floor)
+        for _ in range(30):
+            controller.observe(chain_step(3, 0.5))  # open text: every drafted token kept
+        for i in range(30):
+            controller.observe(chain_step(i % 2, 0.99))  # predictable text: half the first tokens kept
+        assert controller.predictable
+        expected[floor] = controller.expected_tokens()
+    assert all(expected[1.0][k] > expected[0.0][k] > 1 for k in (2, 3, 4))
+    assert expected[1.0][2] >= 1.6  # all text's N = 2 acceptance (1.5 of the predictable steps, 2 of the open ones)
+
+
 def test_same_records_give_the_same_budgets():
     assert simulate(SLOPED, 200, fresh()).budgets == simulate(SLOPED, 200, fresh()).budgets
 
@@ -299,7 +323,8 @@ def test_a_shared_budget_goes_where_it_adds_most_tokens():
 
 @pytest.mark.parametrize("field_name,value", [("max_budget", 1), ("initial_budget", 0), ("initial_budget", 100),
                                               ("exploration", 1.0), ("exploration", float("nan")), ("half_life", 0),
-                                              ("horizon", 0), ("cost_window", True), ("plain_refresh", 2.5)])
+                                              ("horizon", 0), ("cost_window", True), ("plain_refresh", 2.5),
+                                              ("kind_floor", 1.5), ("kind_floor", float("nan"))])
 def test_bad_settings_name_the_field(field_name, value):
     with pytest.raises(TalonError, match=field_name):
         ControllerSettings(**{field_name: value})

@@ -293,6 +293,7 @@ class Turn:
     confidence: list[float]  # the target's top-1 probability before each answer token
     positions: list[dict]
     question_id: str = ""  # the dataset's question (an MT-Bench question has two turns)
+    drafter: str = "model"  # who drafted the recorded trees: the draft LM ("model") or "ngram"
     children: list[dict] = field(default_factory=list)  # per position: (parent, token) -> inclusion position
 
     def __post_init__(self) -> None:
@@ -310,7 +311,8 @@ def load_turns(paths: list[pathlib.Path]) -> list[Turn]:
                 row = json.loads(line)
                 rows[row["index"]] = row
     return [Turn(index=r["index"], dataset=r["dataset"], prompt_tokens=r["prompt_tokens"], answer=r["answer"],
-                 confidence=r["confidence"], positions=r["positions"], question_id=str(r.get("question_id", ""))) for _, r in sorted(rows.items())]
+                 confidence=r["confidence"], positions=r["positions"], question_id=str(r.get("question_id", "")),
+                 drafter=r.get("drafter", "model")) for _, r in sorted(rows.items())]
 
 
 def first_questions(turns, limit: int):

@@ -16,14 +16,14 @@ Value: the prefix property
 The text: the target's confidence
     An exponential mean of the target's top-1 probability over the committed tokens (1/8 each) tells predictable
     text (>= 0.9: code) from open text (chat). Drafted steps are also kept per kind of text; every budget's
-    drafted tokens are scaled by what the recent kind accepted at N = 2 against all text; a kind of text that
+    drafted tokens are scaled by what the recent kind accepted at N = 2 against all text (predictable text's by at
+    least ``kind_floor``: a draft model agrees where the target is sure; 0 for n-gram drafts); a kind of text that
     few drafted steps have seen gets a trial tree from plain decoding at once.
 
 Costs
-    Measured seconds (:class:`CostCurve`): verify by tree size, a draft forward by rows, the rest by draft
-    forwards. A step at budget k costs verify(nodes) + draft(width) summed over its forwards + rest, as the steps
-    informing k ran. After plain steps a draft LM first forwards the tokens it skipped (the prompt, plain steps'
-    tokens): that catch-up is charged to drafting over at most ``horizon`` (32) coming tokens.
+    Measured seconds (:class:`CostCurve`): verify by tree size, a draft forward by rows, the rest by draft forwards;
+    a step at budget k costs them as the steps informing k ran. After plain steps a draft LM first forwards the
+    tokens it skipped (the prompt, plain steps' tokens): a catch-up charged to drafting over ``horizon`` (32) tokens.
 
 Choice and exploration
     The choice: the budget of most expected tokens per second, plain decoding included, among those informed by

@@ -41,7 +41,8 @@ class ControllerSettings:
     half_life       steps after which what a step taught weighs half (new text moves the estimates)
     cost_window     samples per size in the cost medians
     horizon         tokens over which a catch-up is paid back at most (fewer when the request has fewer left)
-    plain_refresh   steps after which a drafted choice re-measures a plain step"""
+    plain_refresh   steps after which a drafted choice re-measures a plain step
+    kind_floor      the least predictable text's factor can be (the package docstring): 1, or 0 for n-gram drafts"""
 
     max_budget: int = 64
     initial_budget: int = 16
@@ -50,6 +51,7 @@ class ControllerSettings:
     cost_window: int = 16
     horizon: int = 32
     plain_refresh: int = 64
+    kind_floor: float = 1.0
 
     def __post_init__(self) -> None:
         for name, low, high in (("max_budget", 2, 4096), ("initial_budget", 2, self.max_budget),
@@ -57,7 +59,8 @@ class ControllerSettings:
             if type(getattr(self, name)) is not int or not low <= getattr(self, name) <= high:
                 raise bad_argument(name, getattr(self, name), f"an integer in [{low}, {high}]")
         for name, valid, expected in (("exploration", lambda x: 0 <= x < 1, "a number in [0, 1)"),
-                                      ("half_life", lambda x: 0 < x < math.inf, "a number > 0")):
+                                      ("half_life", lambda x: 0 < x < math.inf, "a number > 0"),
+                                      ("kind_floor", lambda x: 0 <= x <= 1, "a number in [0, 1]")):
             if type(getattr(self, name)) not in (int, float) or not valid(getattr(self, name)):
                 raise bad_argument(name, getattr(self, name), expected)
 
@@ -123,9 +126,8 @@ class BudgetController:
         self.value = Value(self.candidates)  # every drafted step
         self.by_kind = (Value(self.candidates), Value(self.candidates))  # the steps on open / predictable text
         self.confidence = 0.0  # the target's top-1 probability, an exponential mean over committed tokens (1/8 each)
-        self.choice = settings.initial_budget
+        self.choice, self.reason = settings.initial_budget, "initial"
         self.credit = 0.0  # seconds exploration may still lose
-        self.reason = "initial"
         self._catch_up = 0  # tokens the drafter must catch up before the coming step's tree
 
     def next_budget(self, catch_up_tokens: int = 0, tokens_left: int | None = None) -> int:
@@ -180,11 +182,12 @@ class BudgetController:
         return self.confidence >= PREDICTABLE
 
     def expected_tokens(self) -> dict[int, float]:
-        """Expected committed tokens per step by budget: :meth:`Value.ratios` of all text chained up from 1 token at
-        N = 1, the drafted ones scaled to the recent kind of text by what it accepted at N = 2 against all text."""
+        """Expected committed tokens per step by budget: all text's :meth:`Value.ratios` chained up from 1 at N = 1,
+        the drafted ones scaled by what the recent kind of text accepted at N = 2 against all text."""
         every = self.value.ratios()
         own = self.by_kind[self.predictable].ratios().get(2, every.get(2))
         scale = (own - 1) / (every[2] - 1) if 2 in every and every[2] > 1 else 1.0
+        scale = max(scale, self.settings.kind_floor) if self.predictable else scale
         expected, tokens = {1: 1.0}, 1.0
         for k in self.candidates[1:]:
             if k not in every:
@@ -212,9 +215,8 @@ class BudgetController:
         rates = {1: 1.0 / self.seconds(1)} if self.verify.has(1) else {}
         horizon = min(tokens_left or self.settings.horizon, self.settings.horizon)
         catch_up = self.catch_up_seconds(catch_up_tokens) / horizon  # seconds per committed token
-        for k, tokens in self.expected_tokens().items():
-            if k > 1:
-                rates[k] = tokens / (self.seconds(k) + catch_up * tokens)
+        rates.update({k: tokens / (self.seconds(k) + catch_up * tokens)
+                      for k, tokens in self.expected_tokens().items() if k > 1})
         return rates
 
     def _exploration(self, rates: dict[int, float], catch_up: int) -> tuple[int, str, float] | None:
@@ -231,8 +233,7 @@ class BudgetController:
                 return None
             action = larger[0], "probe", self.seconds(larger[0], full=True) - self.seconds(choice)
         else:
-            best = max((k for k in rates if k > 1), key=lambda k: rates[k], default=s.initial_budget)
-            trial = max(best, min(s.initial_budget, s.max_budget))
+            trial = max(max((k for k in rates if k > 1), key=rates.get, default=1), s.initial_budget)  # best or initial
             action = trial, "trial", self.seconds(trial, full=True) + self.catch_up_seconds(catch_up) - self.seconds(1)
             if self.by_kind[self.predictable].informed[1] < TRUSTED:  # a kind of text hardly drafted: try it
                 return trial, "trial", 0.0
@@ -277,9 +278,8 @@ def share_budget(expected_tokens: Sequence[Mapping[int, float]],
     while True:
         moves = []
         for r, table in enumerate(expected_tokens):
-            higher = sorted(k for k in table if k > budgets[r])
-            if higher:
-                k = higher[0]
+            k = min((k for k in table if k > budgets[r]), default=None)  # the request's next budget
+            if k is not None:
                 moves.append(((table[k] - table[budgets[r]]) / (k - budgets[r]), -r, r, k))
         if not moves:
             return best
