@@ -485,3 +485,5 @@ def test_auto_budget_calls_continue_the_previous_calls_controller_per_method_dra
     generator.generate(input_ids=prompt, max_new_tokens=20, do_sample=True, seed=0)
     assert set(generator.learned_budget) == {("talon", "model", False), ("talon", "ngram", False),
                                              ("talon", "model", True)}
+    memory = generator.controller_memory()  # n-gram matches do not follow the target's confidence (control docs)
+    assert memory[("talon", "ngram", False)].settings.kind_floor == 0 < memory[key].settings.kind_floor
