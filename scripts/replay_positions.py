@@ -31,6 +31,7 @@ from collections import Counter, defaultdict
 
 from talon_sd.bench.simulate import HARDWARE, first_questions, load_turns, replay
 from talon_sd.control import BudgetController, ControllerSettings
+from talon_sd.drafters import DRAFTERS
 
 REPLAYS = pathlib.Path(__file__).resolve().parent.parent / "data" / "replays"
 ALL = (  # (recording, the machines its costs are replayed at): the recording's own machine first
@@ -99,7 +100,8 @@ def score(args, paths: list[pathlib.Path], kind: str, parser) -> list[tuple[str,
     recorded = max(len(p["tokens"]) for t in turns for p in t.positions)
     fixed = [int(k) for k in args.fixed.split(",")]
     bar = [int(k) for k in args.bar.split(",")]
-    overrides = {"kind_floor": 0.0} if {turn.drafter for turn in turns} == {"ngram"} else {}  # as the generator
+    follows = any(DRAFTERS[turn.drafter].follows_confidence for turn in turns)  # kind_floor as the generator sets it
+    overrides = {} if follows else {"kind_floor": 0.0}
     overrides |= {name: json.loads(value) for name, value in (item.split("=", 1) for item in args.set)}
     settings = ControllerSettings(max_budget=recorded, initial_budget=args.initial_budget, **overrides)
     policies = {"auto": lambda: BudgetController(settings), **{k: k for k in fixed}}

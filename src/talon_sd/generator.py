@@ -432,7 +432,7 @@ class SpeculativeGenerator:
         initial = self.initial_budget or _initial_budget(tree_config.method)
         settings = ControllerSettings(max_budget=MAX_AUTO_BUDGET if tree_config.method != "chain" else 17,
                                       initial_budget=min(initial, 17) if tree_config.method == "chain" else initial,
-                                      kind_floor=0.0 if drafter == NgramDrafter.name else 1.0)
+                                      kind_floor=1.0 if DRAFTERS[drafter].follows_confidence else 0.0)
         return BudgetController(settings, prior)
 
     def _remember_controller(self, tokens: Iterator[int], request: "PreparedRequest") -> Iterator[int]:

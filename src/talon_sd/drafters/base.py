@@ -16,6 +16,7 @@ class Drafter(ABC):
 
     name: ClassVar[str]
     feature_layers: ClassVar[tuple[int, ...]] = ()  # target hidden-state layers this drafter reads
+    follows_confidence: ClassVar[bool] = True  # agrees more where the target is sure (the controller's kind_floor)
 
     @property
     def catch_up_tokens(self) -> int:

@@ -17,6 +17,7 @@ class NgramDrafter(Drafter):
     """
 
     name = "ngram"
+    follows_confidence = False  # a match does not depend on how sure the target is
 
     def __init__(self, vocab_size: int, max_ngram: int = 3, min_ngram: int = 1) -> None:
         self.vocab_size, self.max_ngram, self.min_ngram = vocab_size, max_ngram, min_ngram
