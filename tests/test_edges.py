@@ -443,7 +443,7 @@ def test_an_int8_draft_changes_what_is_proposed_never_the_output(tmp_path, monke
     args.quantize = "auto"
     assert cli._expected_draft_kernels(args) == ("int8" if lm.int8_available() else None)
     args.dtype = "bfloat16"
-    assert cli._expected_draft_kernels(args) is None  # only float32 linears are quantized dynamically
+    assert cli._expected_draft_kernels(args) == ("int8" if lm.int8_available() else None)  # loaded in float32 for it
 
     monkeypatch.setenv("TALON_SD_CACHE", str(tmp_path / "cache"))
     folder = save_tiny_llama(tmp_path / "tiny")
@@ -462,6 +462,16 @@ def test_an_int8_draft_changes_what_is_proposed_never_the_output(tmp_path, monke
     assert memory_key(made["auto"], None, None) != memory_key(made["none"], None, None)
     monkeypatch.setattr(lm, "int8_linear_seconds", lambda m: (0.001, 0.002))  # int8 slower: auto keeps float32
     assert make("auto").cpu_kernels["draft"] == "default"
+    # a bfloat16 run loads its draft in float32 to quantize it, and casts it to bfloat16 where int8 is slower
+    make_bf16 = lambda quantize: SpeculativeGenerator(str(folder), str(folder), dtype="bfloat16", device="cpu",  # noqa: E731
+                                                      tree="talon", budget=6, quantize=quantize)
+    slower = make_bf16("auto")
+    assert slower.cpu_kernels["draft"] == "default" and slower.draft_model.dtype == torch.bfloat16
+    monkeypatch.setattr(lm, "int8_linear_seconds", lambda m: (0.002, 0.001))
+    faster, as_loaded = make_bf16("auto"), make_bf16("none")
+    assert faster.cpu_kernels["draft"] == "int8" and as_loaded.draft_model.dtype == torch.bfloat16
+    assert faster.target_model.dtype == torch.bfloat16 and as_loaded.cpu_kernels["draft"] == "default"
+    assert len(faster.generate(input_ids=ids, max_new_tokens=12, ignore_eos=True).token_ids) == 12  # mixed dtypes run
     with pytest.raises(TalonError, match="^quantize: got 'int3'"):
         make("int3")
 

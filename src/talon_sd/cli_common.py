@@ -96,11 +96,9 @@ QUANTIZED_KERNELS = ("int8", "int8-weights", "int4")  # talon_sd.lm.kernels_of f
 
 def _expected_draft_kernels(args: argparse.Namespace) -> str | None:
     """The quantized kernels ``args`` will load the draft LM with (:data:`QUANTIZED_KERNELS`), None for float
-    linears: ``--quantize int4`` / ``int8``, or ``auto`` in float32 on CPU with a quantized engine, where the measured
+    linears: ``--quantize int4`` / ``int8``, or ``auto`` on CPU with a quantized engine, where the measured
     verdict of :func:`talon_sd.lm.choose_draft_quantization` has been int8 on every CPU seen, by 3-12x. Read before
     loading, to match a tuned profile's curves."""
-    import torch
-
     from . import models
     from .lm import int8_available
 
@@ -110,8 +108,7 @@ def _expected_draft_kernels(args: argparse.Namespace) -> str | None:
     if setting != "auto":
         return {"int4": "int4", "int8": "int8-weights"}.get(setting)
     device = models.resolve_device(args.device)
-    dynamic = (device.type == "cpu" and models.resolve_dtype(args.dtype or "auto", device) == torch.float32
-               and int8_available())
+    dynamic = device.type == "cpu" and int8_available()  # whatever the dtype: the draft loads in float32 for it
     return "int8" if dynamic else None
 
 

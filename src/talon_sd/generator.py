@@ -37,7 +37,7 @@ from .config import AUTO, AUTO_METHODS, CPU_KERNELS, QUANTIZE, GenerationConfig,
 from .decoding import Pipeline, StopCondition, decode
 from .drafters import DRAFTERS, Eagle3Drafter, ModelDrafter, NgramDrafter
 from .errors import TalonError, TalonWarning, bad_argument
-from .lm import CausalLM, apply_cpu_kernels, apply_draft_quantization, kernels_of
+from .lm import CausalLM, apply_cpu_kernels, apply_draft_quantization, int8_available, kernels_of
 from .stats import DecodeStats
 
 if TYPE_CHECKING:
@@ -149,8 +149,9 @@ class SpeculativeGenerator:
     quantize       CPU linears of the target and the draft LM: ``int4`` (groups of 32; a GGUF's Q4_K tensors as
                    stored) or ``int8`` weight-only (:mod:`talon_sd.quantize`; the output is then the quantized
                    target's), ``none`` (as loaded, ``cpu_kernels`` applies), ``auto``: the target as loaded and
-                   the draft LM's float32 linears dynamically quantized to int8 where one int8 row is faster on
-                   this CPU (:func:`talon_sd.lm.choose_draft_quantization`; the output is the target's either way).
+                   the draft LM's linears dynamically quantized to int8 where one int8 row is faster on
+                   this CPU than a float32 or bfloat16 one (:func:`talon_sd.lm.choose_draft_quantization`; the
+                   output is the target's either way).
                    ``self.cpu_kernels`` says what each model runs
     """
 
@@ -198,12 +199,15 @@ class SpeculativeGenerator:
             self.target_gguf = target_gguf
             return
         if drafter == "model" and tree_config.method != "ar":
-            loaded_draft = models.load_model(
-                draft or models.DEFAULT_DRAFT, role="draft", dtype=dtype, device=device, with_tokenizer=True,
-                quantize=weights,
+            target_dtype = next(loaded_target.model.parameters()).dtype
+            dynamic_int8 = quantize == "auto" and loaded_target.model.device.type == "cpu" and int8_available()
+            loaded_draft = models.load_model(  # float32 where its linears may go int8 (they take float32 rows)
+                draft or models.DEFAULT_DRAFT, role="draft", dtype="float32" if dynamic_int8 else dtype,
+                device=device, with_tokenizer=True, quantize=weights,
             )
             models.check_same_vocab(loaded_target, loaded_draft)
-            apply_draft_quantization(loaded_draft.model, "auto" if quantize == "auto" else "none", cpu_kernels)
+            apply_draft_quantization(loaded_draft.model, "auto" if dynamic_int8 else "none", cpu_kernels,
+                                     dtype=target_dtype if dynamic_int8 else None)
         extra_head = None
         if head is not None:  # an EAGLE-3 head beside the draft LM: per-call drafter="eagle3"
             from .eagle3 import load_eagle3_head
