@@ -74,7 +74,8 @@ AVX2_LOOP_MS = {"target": {1: 284, 2: 474, 4: 531, 8: 594, 12: 678, 16: 811, 24:
 AVX2_INT4_MS = {"target": {1: 60, 2: 69, 4: 92, 8: 152, 16: 293, 32: 557, 64: 1071},
                 "draft": {1: 32, 2: 33, 4: 50, 8: 74, 16: 118, 32: 218, 64: 438}}
 NGRAM_MS = {1: 0.4, 2: 0.6, 4: 1.0, 8: 1.8, 16: 3.5, 32: 7, 64: 14}  # prompt lookup: ~0.2 ms a node, estimated from
-# the draft seconds per step of docs/bench/int4-ngram-avx2 (0.4-1.1 ms), not timed by width
+# the draft seconds per step of the AVX2 int4 n-gram run of 2026-12-06 (0.4-1.1 ms; docs/bench/int4-ngram-avx2 in
+# git history, commit 9ff7b5a), not timed by width
 # Intel Xeon with AMX: float32 with torch's own kernels (a 2-token verify 1.04x one token, 4 tokens 1.9x), and bf16
 INTEL_FP32_MS = {"target": {1: 232, 2: 243, 4: 450, 8: 636, 16: 656, 32: 752, 64: 1100},
                  "draft": {1: 88, 2: 91, 4: 178, 8: 216, 16: 248, 32: 284, 64: 420}}
