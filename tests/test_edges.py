@@ -407,7 +407,7 @@ def test_an_int8_draft_changes_what_is_proposed_never_the_output(tmp_path, monke
         tokens, _ = run(target, make_drafter("model", int8_draft, VOCAB), tree, prompt, 30)
         assert tokens == expected, tree
 
-    choose = lambda seconds: lm.choose_draft_quantization(draft, measure=lambda m: seconds)  # noqa: E731
+    choose = lambda seconds: lm.choose_draft_quantization(draft, measure=lambda m, fallback: seconds)  # noqa: E731
     assert choose((0.0042, 0.0005)) == "int8"  # the AVX2-only EPYC's reading of the 0.5B draft
     assert choose((0.0010, 0.0020)) == "none"
     assert choose(None) == "none"
@@ -449,7 +449,7 @@ def test_an_int8_draft_changes_what_is_proposed_never_the_output(tmp_path, monke
     folder = save_tiny_llama(tmp_path / "tiny")
     make = lambda quantize: SpeculativeGenerator(str(folder), str(folder), dtype="float32", device="cpu",  # noqa: E731
                                                  tree="talon", budget=6, cpu_kernels="default", quantize=quantize)
-    monkeypatch.setattr(lm, "int8_linear_seconds", lambda m: (0.002, 0.001))  # int8 faster: auto quantizes the draft
+    monkeypatch.setattr(lm, "int8_linear_seconds", lambda m, fallback: (0.002, 0.001))  # int8 faster: auto quantizes the draft
     made = {setting: make(setting) for setting in ("auto", "none", "int8")}
     assert made["auto"].cpu_kernels == {"target": "default", "draft": "int8"}
     assert made["none"].cpu_kernels == {"target": "default", "draft": "default"}
@@ -460,14 +460,14 @@ def test_an_int8_draft_changes_what_is_proposed_never_the_output(tmp_path, monke
         assert (generator.generate(input_ids=ids, max_new_tokens=12).token_ids
                 == made[reference].generate(input_ids=ids, max_new_tokens=12, tree="ar").token_ids), setting
     assert memory_key(made["auto"], None, None) != memory_key(made["none"], None, None)
-    monkeypatch.setattr(lm, "int8_linear_seconds", lambda m: (0.001, 0.002))  # int8 slower: auto keeps float32
+    monkeypatch.setattr(lm, "int8_linear_seconds", lambda m, fallback: (0.001, 0.002))  # int8 slower: auto keeps float32
     assert make("auto").cpu_kernels["draft"] == "default"
     # a bfloat16 run loads its draft in float32 to quantize it, and casts it to bfloat16 where int8 is slower
     make_bf16 = lambda quantize: SpeculativeGenerator(str(folder), str(folder), dtype="bfloat16", device="cpu",  # noqa: E731
                                                       tree="talon", budget=6, quantize=quantize)
     slower = make_bf16("auto")
     assert slower.cpu_kernels["draft"] == "default" and slower.draft_model.dtype == torch.bfloat16
-    monkeypatch.setattr(lm, "int8_linear_seconds", lambda m: (0.002, 0.001))
+    monkeypatch.setattr(lm, "int8_linear_seconds", lambda m, fallback: (0.002, 0.001))
     faster, as_loaded = make_bf16("auto"), make_bf16("none")
     assert faster.cpu_kernels["draft"] == "int8" and as_loaded.draft_model.dtype == torch.bfloat16
     assert faster.target_model.dtype == torch.bfloat16 and as_loaded.cpu_kernels["draft"] == "default"

@@ -587,41 +587,47 @@ def quantize_linears_int8(model) -> int:
     return len(names)
 
 
-def int8_linear_seconds(model, repeats: int = 15) -> tuple[float, float] | None:
+def int8_linear_seconds(model, repeats: int = 15,
+                        fallback: torch.dtype = torch.float32) -> tuple[float, float] | None:
     """Seconds of one row through the model's largest float32 CPU linear (the output embedding excepted) as the
-    fastest float path (torch's own or oneDNN-packed float32, or a bfloat16 copy: the dtype a bfloat16 run would
-    otherwise load the draft in) and dynamically quantized to int8, each the fastest of ``repeats`` interleaved runs:
-    ``(float, int8)``; None when nothing can be quantized."""
+    draft would run it unquantized, in ``fallback`` (float32: torch's own or oneDNN-packed, whichever is faster;
+    another dtype: a copy in it), and dynamically quantized to int8, each the fastest of ``repeats`` interleaved
+    runs: ``(unquantized, int8)``; None when nothing can be quantized."""
     linear = _largest_linear(model)
     if linear is None or not int8_available():
         return None
     # copies: the model keeps its own weight
-    paths = {"default": linear, "int8": _quantize_dynamic(torch.nn.Sequential(linear), {torch.nn.Linear}),
-             "bfloat16": _bfloat16_path(linear)}
-    mkldnn = _mkldnn()
-    if mkldnn is not None:
-        paths["packed"] = mkldnn.to_mkldnn(linear)
+    paths = {"int8": _quantize_dynamic(torch.nn.Sequential(linear), {torch.nn.Linear})}
+    if fallback == torch.float32:
+        paths["default"] = linear
+        mkldnn = _mkldnn()
+        if mkldnn is not None:
+            paths["packed"] = mkldnn.to_mkldnn(linear)
+    else:
+        paths["cast"] = _cast_path(linear, fallback)
     inputs = torch.randn(1, linear.in_features, generator=torch.Generator().manual_seed(0))  # [1, in]
     fastest = _fastest_seconds(paths, inputs, repeats)
     return min(value for name, value in fastest.items() if name != "int8"), fastest["int8"]
 
 
-def _bfloat16_path(linear):
-    """``linear`` as a bfloat16 copy, called with and returning float32 rows."""
+def _cast_path(linear, dtype: torch.dtype):
+    """``linear`` as a copy in ``dtype``, called with and returning float32 rows."""
     import copy
 
-    copied = copy.deepcopy(linear).to(torch.bfloat16)
-    return lambda rows: copied(rows.to(torch.bfloat16)).float()
+    copied = copy.deepcopy(linear).to(dtype)
+    return lambda rows: copied(rows.to(dtype)).float()
 
 
-def choose_draft_quantization(model, measure=None) -> str:
-    """``"int8"`` when one row through the draft's largest linear, dynamically quantized, is at least as fast as its
-    fastest float path (float32, packed or bfloat16) on this CPU; ``"none"`` otherwise (also for a model not in
-    float32, CUDA, or a torch without a quantized CPU engine). Measured on the 0.5B draft: 0.49 against 4.2 ms on the
-    AVX2-only EPYC, 0.13 against 1.0 ms (bfloat16) on the EPYC with AVX512-BF16, 0.37 against 0.9 ms on the Xeon
-    with AMX (docs/BENCHMARKS.md, "Dtypes and kernels"): a verdict far from the line, so one measurement decides.
-    ``measure`` (default :func:`int8_linear_seconds`) returns ``(float_seconds, int8_seconds)`` or None."""
-    seconds = (measure or int8_linear_seconds)(model)
+def choose_draft_quantization(model, measure=None, fallback: torch.dtype = torch.float32) -> str:
+    """``"int8"`` when one row through the draft's largest linear, dynamically quantized, is at least as fast as
+    the draft would run it otherwise, in ``fallback`` (float32, or the bfloat16 a bfloat16 run would load it in);
+    ``"none"`` otherwise (also for a model not in float32, CUDA, or a torch without a quantized CPU engine).
+    Measured on the 0.5B draft: 0.49 against 4.2 ms on the AVX2-only EPYC, 0.13 against 1.9 ms (bfloat16: 0.21
+    against 0.49 ms) on the EPYC with AVX512-BF16, 0.37 against 1.2 ms on the Xeon with AMX (docs/BENCHMARKS.md,
+    "Dtypes and kernels"): a verdict far from the line, so one measurement decides. ``measure`` (default
+    :func:`int8_linear_seconds`) is called as ``measure(model, fallback=...)`` and returns ``(unquantized_seconds,
+    int8_seconds)`` or None."""
+    seconds = (measure or int8_linear_seconds)(model, fallback=fallback)
     if seconds is None:
         return "none"
     float_seconds, int8_seconds = seconds
@@ -635,7 +641,7 @@ def apply_draft_quantization(model, draft_quantization: str, cpu_kernels: str,
     cast to ``dtype`` (default: as loaded) and :func:`apply_cpu_kernels` applies ``cpu_kernels``. A bfloat16 run
     loads its draft in float32 and passes ``dtype=torch.bfloat16``: int8 where faster, else bfloat16 as asked."""
     if draft_quantization == "auto":
-        draft_quantization = choose_draft_quantization(model)
+        draft_quantization = choose_draft_quantization(model, fallback=dtype or torch.float32)
     if draft_quantization == "int8" and quantize_linears_int8(model):
         return
     if dtype is not None and next(model.parameters()).dtype != dtype:
