@@ -29,8 +29,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quantize", default="auto", choices=QUANTIZE,
                         help="CPU linears of target and draft LM: int4 (groups of 32; a GGUF's Q4_K tensors as "
                              "stored) or int8 weight-only (the output is the quantized target's), none (as loaded), "
-                             "or auto (the target as loaded; the draft LM's float32 linears int8 where one int8 row is "
-                             "faster on this CPU, measured at load)")
+                             "or auto (the target as loaded; the draft LM's linears int8 where one int8 row is faster "
+                             "on this CPU than in the run's dtype, measured at load)")
 
 
 def add_tree_arguments(parser: argparse.ArgumentParser) -> None:
@@ -97,19 +97,17 @@ QUANTIZED_KERNELS = ("int8", "int8-weights", "int4")  # talon_sd.lm.kernels_of f
 def _expected_draft_kernels(args: argparse.Namespace) -> str | None:
     """The quantized kernels ``args`` will load the draft LM with (:data:`QUANTIZED_KERNELS`), None for float
     linears: ``--quantize int4`` / ``int8``, or ``auto`` on CPU with a quantized engine, where the measured
-    verdict of :func:`talon_sd.lm.choose_draft_quantization` has been int8 on every CPU seen, by 3-12x. Read before
+    verdict of :func:`talon_sd.lm.choose_draft_quantization` has been int8 on every CPU seen, by 2-12x. Read before
     loading, to match a tuned profile's curves."""
     from . import models
-    from .lm import int8_available
+    from .lm import draft_int8_possible
 
     setting = getattr(args, "quantize", "auto")
     if getattr(args, "drafter", "model") != "model":
         return None  # no draft LM
     if setting != "auto":
         return {"int4": "int4", "int8": "int8-weights"}.get(setting)
-    device = models.resolve_device(args.device)
-    dynamic = device.type == "cpu" and int8_available()  # whatever the dtype: the draft loads in float32 for it
-    return "int8" if dynamic else None
+    return "int8" if draft_int8_possible(setting, models.resolve_device(args.device)) else None
 
 
 def make_generator(args: argparse.Namespace):

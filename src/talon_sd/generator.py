@@ -37,7 +37,7 @@ from .config import AUTO, AUTO_METHODS, CPU_KERNELS, QUANTIZE, GenerationConfig,
 from .decoding import Pipeline, StopCondition, decode
 from .drafters import DRAFTERS, Eagle3Drafter, ModelDrafter, NgramDrafter
 from .errors import TalonError, TalonWarning, bad_argument
-from .lm import CausalLM, apply_cpu_kernels, apply_draft_quantization, int8_available, kernels_of
+from .lm import CausalLM, apply_cpu_kernels, apply_draft_quantization, draft_int8_possible, kernels_of
 from .stats import DecodeStats
 
 if TYPE_CHECKING:
@@ -150,7 +150,7 @@ class SpeculativeGenerator:
                    stored) or ``int8`` weight-only (:mod:`talon_sd.quantize`; the output is then the quantized
                    target's), ``none`` (as loaded, ``cpu_kernels`` applies), ``auto``: the target as loaded and
                    the draft LM's linears dynamically quantized to int8 where one int8 row is faster on
-                   this CPU than a float32 or bfloat16 one (:func:`talon_sd.lm.choose_draft_quantization`; the
+                   this CPU than in the run's dtype (float32, or bfloat16 in a bfloat16 run; :func:`talon_sd.lm.choose_draft_quantization`; the
                    output is the target's either way).
                    ``self.cpu_kernels`` says what each model runs
     """
@@ -200,7 +200,7 @@ class SpeculativeGenerator:
             return
         if drafter == "model" and tree_config.method != "ar":
             target_dtype = next(loaded_target.model.parameters()).dtype
-            dynamic_int8 = quantize == "auto" and loaded_target.model.device.type == "cpu" and int8_available()
+            dynamic_int8 = draft_int8_possible(quantize, loaded_target.model.device)
             loaded_draft = models.load_model(  # float32 where its linears may go int8 (they take float32 rows)
                 draft or models.DEFAULT_DRAFT, role="draft", dtype="float32" if dynamic_int8 else dtype,
                 device=device, with_tokenizer=True, quantize=weights,

@@ -564,6 +564,14 @@ def int8_available() -> bool:
     return hasattr(torch, "ao") and torch.backends.quantized.engine in ("x86", "fbgemm", "onednn")
 
 
+def draft_int8_possible(quantize: str, device: torch.device) -> bool:
+    """Whether ``--quantize`` / ``quantize=`` ``quantize`` lets the draft LM's linears go int8 at load on ``device``:
+    ``auto`` on CPU with an x86 quantized engine, whatever the target's dtype (the draft then loads in float32 and
+    :func:`apply_draft_quantization` keeps int8 where it measures faster). One prediction for the generator's load
+    and for matching a tuned profile's curves before loading."""
+    return quantize == "auto" and torch.device(device).type == "cpu" and int8_available()
+
+
 def quantize_linears_int8(model) -> int:
     """Replace every float32 CPU ``nn.Linear`` of a DRAFT model, its output head included, by torch's dynamically
     quantized int8 linear (weights int8 per output channel, activations quantized per call); returns how many.
@@ -622,9 +630,11 @@ def choose_draft_quantization(model, measure=None, fallback: torch.dtype = torch
     """``"int8"`` when one row through the draft's largest linear, dynamically quantized, is at least as fast as
     the draft would run it otherwise, in ``fallback`` (float32, or the bfloat16 a bfloat16 run would load it in);
     ``"none"`` otherwise (also for a model not in float32, CUDA, or a torch without a quantized CPU engine).
-    Measured on the 0.5B draft: 0.49 against 4.2 ms on the AVX2-only EPYC, 0.13 against 1.9 ms (bfloat16: 0.21
-    against 0.49 ms) on the EPYC with AVX512-BF16, 0.37 against 1.2 ms on the Xeon with AMX (docs/BENCHMARKS.md,
-    "Dtypes and kernels"): a verdict far from the line, so one measurement decides. ``measure`` (default
+    One row through a [1536 x 8960] linear, int8 against the run's float path (docs/BENCHMARKS.md, "Dtypes and
+    kernels"): 0.49 against 4.2 ms (packed float32) on the AVX2-only EPYC, 0.13 against 1.04 ms (bfloat16) on the
+    EPYC with AVX512-BF16, 0.37 against 0.91 ms (bfloat16) on the Xeon with AMX; through the 0.5B draft's largest
+    linear on the EPYC with AVX512-BF16, 0.14-0.21 against 0.38-0.49 ms in bfloat16: a verdict far from the line,
+    so one measurement decides. ``measure`` (default
     :func:`int8_linear_seconds`) is called as ``measure(model, fallback=...)`` and returns ``(unquantized_seconds,
     int8_seconds)`` or None."""
     seconds = (measure or int8_linear_seconds)(model, fallback=fallback)
