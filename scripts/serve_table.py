@@ -13,7 +13,7 @@ times (interleaved, a new server each time) and the table gives each cell's medi
 finished cell is written to ``OUT/results.json`` at once and skipped when the script runs again. Prints a markdown
 table and writes ``OUT/rows_per_request.png`` (rows verified per request per step against clients).
 
-    python scripts/serve_table.py --clients 1,2,4,8 --max-tokens 128 --out docs/bench/serve-epyc-bf16
+    python scripts/serve_table.py --clients 1,2,4,8 --max-tokens 128 --out docs/bench/serve-epyc-bf16-int8
 """
 
 from __future__ import annotations
