@@ -150,8 +150,8 @@ class SpeculativeGenerator:
                    stored) or ``int8`` weight-only (:mod:`talon_sd.quantize`; the output is then the quantized
                    target's), ``none`` (as loaded, ``cpu_kernels`` applies), ``auto``: the target as loaded and
                    the draft LM's linears dynamically quantized to int8 where one int8 row is faster on
-                   this CPU than in the run's dtype (float32, or bfloat16 in a bfloat16 run; :func:`talon_sd.lm.choose_draft_quantization`; the
-                   output is the target's either way).
+                   this CPU than in the run's dtype (float32, or bfloat16 in a bfloat16 run;
+                   :func:`talon_sd.lm.choose_draft_quantization`; the output is the target's either way).
                    ``self.cpu_kernels`` says what each model runs
     """
 

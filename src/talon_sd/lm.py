@@ -634,9 +634,8 @@ def choose_draft_quantization(model, measure=None, fallback: torch.dtype = torch
     kernels"): 0.49 against 4.2 ms (packed float32) on the AVX2-only EPYC, 0.13 against 1.04 ms (bfloat16) on the
     EPYC with AVX512-BF16, 0.37 against 0.91 ms (bfloat16) on the Xeon with AMX; through the 0.5B draft's largest
     linear on the EPYC with AVX512-BF16, 0.14-0.21 against 0.38-0.49 ms in bfloat16: a verdict far from the line,
-    so one measurement decides. ``measure`` (default
-    :func:`int8_linear_seconds`) is called as ``measure(model, fallback=...)`` and returns ``(unquantized_seconds,
-    int8_seconds)`` or None."""
+    so one measurement decides. ``measure`` (default :func:`int8_linear_seconds`) is called as ``measure(model,
+    fallback=...)`` and returns ``(unquantized_seconds, int8_seconds)`` or None."""
     seconds = (measure or int8_linear_seconds)(model, fallback=fallback)
     if seconds is None:
         return "none"

@@ -30,26 +30,37 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
+def cpu_flags() -> set[str]:
+    """This CPU's feature flags (the first ``flags`` line of /proc/cpuinfo; empty off Linux)."""
+    try:
+        return flags_of_cpuinfo(pathlib.Path("/proc/cpuinfo").read_text(errors="replace"))
+    except OSError:
+        return set()
+
+
+def flags_of_cpuinfo(cpuinfo: str) -> set[str]:
+    """The feature flags of a /proc/cpuinfo text (its first ``flags`` line; empty where there is none)."""
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[-1].split())
+    return set()
+
+
 def cpu_isa() -> str:
     """The instruction-set class that decides this CPU's matmul costs: ``amx``, ``avx512_bf16``,
     ``avx512``, ``avx2`` or ``other`` (``other`` also off Linux, where /proc/cpuinfo is absent)."""
-    try:
-        text = pathlib.Path("/proc/cpuinfo").read_text(errors="replace")
-    except OSError:
-        return "other"
-    return isa_of_cpuinfo(text)
+    return _isa_of_flags(cpu_flags())
 
 
 def isa_of_cpuinfo(cpuinfo: str) -> str:
     """:func:`cpu_isa` of a /proc/cpuinfo text (its first ``flags`` line)."""
-    for line in cpuinfo.splitlines():
-        if line.startswith("flags"):
-            flags = set(line.split(":", 1)[-1].split())
-            for name, needs in (("amx", "amx_bf16"), ("avx512_bf16", "avx512_bf16"), ("avx512", "avx512f"),
-                                ("avx2", "avx2")):
-                if needs in flags:
-                    return name
-            return "other"
+    return _isa_of_flags(flags_of_cpuinfo(cpuinfo))
+
+
+def _isa_of_flags(flags: set[str]) -> str:
+    for name, needs in (("amx", "amx_bf16"), ("avx512_bf16", "avx512_bf16"), ("avx512", "avx512f"), ("avx2", "avx2")):
+        if needs in flags:
+            return name
     return "other"
 
 

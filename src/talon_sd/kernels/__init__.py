@@ -55,11 +55,9 @@ def _has_vnni() -> bool:
     bit): one [M, 1536] x [1536, 8960] int4 linear, 28 distinct weights, AMD EPYC with AVX512-BF16 and VNNI, 2
     threads, M = 1 / 4 / 8 / 16 / 64: 0.26 / 0.33 / 0.66 / 1.20 / 4.61 ms against AVX2's 0.26 / 0.36 / 0.72 /
     1.40 / 5.33 (2026-12-07)."""
-    try:
-        flags = pathlib.Path("/proc/cpuinfo").read_text().split("\nflags", 2)[1].split("\n", 1)[0].split()
-    except (OSError, IndexError):
-        return False
-    return {"avx512_vnni", "avx512vl"} <= set(flags)
+    from ..machine import cpu_flags
+
+    return {"avx512_vnni", "avx512vl"} <= cpu_flags()
 
 
 GROUP, BLOCK = 32, 8  # inputs per group, groups the kernels scale at once
