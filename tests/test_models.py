@@ -157,6 +157,17 @@ def test_resolve_dtype_auto_follows_the_hardware(monkeypatch):
     assert resolve_dtype("auto", CPU) is torch.float32
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_resolve_dtype_auto_runs_int4_linears_in_float32_where_the_native_kernels_run(monkeypatch, native):
+    monkeypatch.setattr(models, "cpu_has_fast_bfloat16", lambda: True)
+    monkeypatch.setattr(models, "_native", lambda: native)
+    assert resolve_dtype("auto", CPU, "int4") is (torch.float32 if native else torch.bfloat16)
+    assert resolve_dtype("bfloat16", CPU, "int4") is torch.bfloat16  # asked for: kept
+    for quantize in ("int8", "none"):
+        assert resolve_dtype("auto", CPU, quantize) is torch.bfloat16
+    assert resolve_dtype("auto", torch.device("cuda"), "none") is torch.bfloat16
+
+
 def test_cpuinfo_flags_decide_native_bfloat16():
     assert models.cpuinfo_has_fast_bfloat16("processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16 sse\n")
     assert models.cpuinfo_has_fast_bfloat16("flags\t: fpu amx_tile amx_bf16\n")

@@ -70,7 +70,8 @@ def controller_start(args: argparse.Namespace, tree) -> dict:
     from .bench.profiles import find_profile, profile_key
     from .control import CostPrior
 
-    key = profile_key(args.target, args.draft, args.dtype, temperature=getattr(args, "temperature", 0.0) or 0.0)
+    key = profile_key(args.target, args.draft, args.dtype, temperature=getattr(args, "temperature", 0.0) or 0.0,
+                      quantize=getattr(args, "quantize", "none"))
     found = find_profile(key)
     if found is None:
         return {}

@@ -138,7 +138,8 @@ class SpeculativeGenerator:
                    picks each step's budget for this machine and prompt (:mod:`talon_sd.control`)
     drafter        ``model`` (the draft LM), ``ngram`` (prompt lookup, no draft model needed) or ``eagle3``
                    (``draft`` names an EAGLE-3 head folder: SafeAILab/SpecForge/vLLM format, or ours)
-    dtype, device  ``auto`` picks bfloat16 where the hardware has it, CUDA when present
+    dtype, device  ``auto`` picks bfloat16 where the hardware has it (float32 for ``quantize="int4"`` where
+                   :mod:`talon_sd.kernels` run: :func:`talon_sd.models.resolve_dtype`), CUDA when present
     chat_template  wrap string prompts in the tokenizer's chat template (instruct models)
     head           an EAGLE-3 head folder loaded beside the draft LM, for calls with ``drafter="eagle3"``
     initial_budget the controller's first budget (e.g. from a ``talon tune`` profile)

@@ -177,6 +177,13 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     raise bad_argument("device", device, expected)
 
 
+def _native() -> bool:
+    """Whether the native int4 / int8 kernels run here (built on first use: :func:`talon_sd.kernels.native`)."""
+    from .kernels import native
+
+    return native() is not None
+
+
 def cpu_has_fast_bfloat16() -> bool:
     """True when the CPU computes bfloat16 natively (AVX512-BF16 or AMX; detected on Linux only)."""
     if platform.system() != "Linux":
@@ -192,8 +199,9 @@ def cpuinfo_has_fast_bfloat16(cpuinfo: str) -> bool:
     return isa_of_cpuinfo(cpuinfo) in ("amx", "avx512_bf16")
 
 
-def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
-    """``"auto"`` → bfloat16 on CUDA and on CPUs with native bfloat16, else float32.
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device, quantize: str = "none") -> torch.dtype:
+    """``"auto"`` → bfloat16 on CUDA and on CPUs with native bfloat16, else float32; but float32 for CPU linears
+    quantized to ``int4`` (``quantize``) wherever :mod:`talon_sd.kernels`' native kernels run.
 
     Why float32 on a CPU without bf16 instructions, although its one-token step is slower there: on an
     AVX2-only AMD EPYC (docs/BENCHMARKS.md, "Dtypes and kernels") a bfloat16
@@ -201,6 +209,12 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     of the prefill 142-156 ms against 26-31 ms, so bfloat16 was 0.71x float32 end to end on the six
     datasets (0.40x on 600-700-token prompts); it wins only where the prompt is shorter than about 1.5x
     the answer. Pass ``bfloat16`` explicitly for that case.
+
+    Why float32 for int4 linears even on a CPU with bfloat16: the native kernels take float32 rows and keep
+    no dense copy of a weight (:mod:`talon_sd.quantize`), where a bfloat16 model runs torch's int4 kernel and a
+    dense copy past a few rows. On the EPYC with AVX512-BF16, plain decoding of the packaged int4 target ran 13.7
+    tok/s in float32, 0.85x llama.cpp on the same file, against 10.1 tok/s and 0.58x in bfloat16 (six datasets x 3
+    prompts, docs/BENCHMARKS.md section 6). ``int8`` was not measured so: it keeps the dtype above.
 
     Also accepts ``float32``/``fp32``, ``bfloat16``/``bf16``, ``float16``/``fp16`` and those
     ``torch.dtype`` objects.
@@ -214,7 +228,7 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     if dtype == "auto":
         if device.type == "cuda":
             return torch.bfloat16
-        if device.type == "cpu" and cpu_has_fast_bfloat16():
+        if device.type == "cpu" and cpu_has_fast_bfloat16() and not (quantize == "int4" and _native()):
             return torch.bfloat16
         return torch.float32
     if dtype.lower() in _DTYPE_NAMES:
@@ -608,7 +622,7 @@ def load_model(
     resolved_device = resolve_device(device)
     if quantize != "none" and resolved_device.type != "cpu":
         raise bad_argument("quantize", quantize, f"'none' on {resolved_device} (int4 and int8 weights run on CPU only)")
-    resolved_dtype = resolve_dtype(dtype, resolved_device)
+    resolved_dtype = resolve_dtype(dtype, resolved_device, quantize)
     if attn_implementation == "auto":
         attn_implementation = "grouped" if resolved_device.type == "cpu" else "sdpa"
     if attn_implementation == "grouped":

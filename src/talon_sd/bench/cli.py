@@ -173,7 +173,8 @@ def _method_overrides(args: argparse.Namespace) -> dict[str, dict]:
 def _tuned_lookup(args: argparse.Namespace):
     from .tune import tuned_tree_options
 
-    return lambda method: tuned_tree_options(method, args.target, args.draft, args.dtype, args.temperature)
+    return lambda method: tuned_tree_options(method, args.target, args.draft, args.dtype, args.temperature,
+                                             getattr(args, "quantize", "none"))
 
 
 # ---------------------------------------------------------------------------------------------- sweep
@@ -336,7 +337,8 @@ def _profile_used(args: argparse.Namespace, variants) -> str | None:
         return None
     from .profiles import find_profile, profile_key
 
-    found = find_profile(profile_key(args.target, args.draft, args.dtype, temperature=args.temperature))
+    found = find_profile(profile_key(args.target, args.draft, args.dtype, temperature=args.temperature,
+                                     quantize=getattr(args, "quantize", "none")))
     return str(found[1]) if found else None
 
 

@@ -57,26 +57,28 @@ def profiles_dir() -> pathlib.Path:
     return cache_root() / "profiles"
 
 
-def dtype_name(dtype, device=None) -> str:
-    """``"auto"``/None resolved as the loader would; ``bf16`` -> ``bfloat16``; a torch.dtype -> its name."""
+def dtype_name(dtype, device=None, quantize: str = "none") -> str:
+    """``"auto"``/None resolved as the loader would (for ``quantize``); ``bf16`` -> ``bfloat16``; a torch.dtype ->
+    its name."""
     import torch
 
     from .. import models
 
     if not isinstance(dtype, torch.dtype):
-        dtype = models.resolve_dtype(dtype or "auto", models.resolve_device(device))
+        dtype = models.resolve_dtype(dtype or "auto", models.resolve_device(device), quantize)
     return str(dtype).replace("torch.", "")
 
 
 def profile_key(target: str | None, draft: str | None, dtype, device=None, threads: int | None = None,
-                temperature: float = 0.0) -> dict:
-    """The key of the profile for this machine, model pair, dtype and decoding temperature (0 = greedy)."""
+                temperature: float = 0.0, quantize: str = "none") -> dict:
+    """The key of the profile for this machine, model pair, dtype (``auto`` as a run with ``quantize`` loads it)
+    and decoding temperature (0 = greedy)."""
     from .. import models
     from ..machine import machine_key
 
     resolved_device = models.resolve_device(device)
     return {**machine_key(resolved_device, threads), "target": model_name(target, "target"),
-            "draft": model_name(draft, "draft"), "dtype": dtype_name(dtype, resolved_device),
+            "draft": model_name(draft, "draft"), "dtype": dtype_name(dtype, resolved_device, quantize),
             "temperature": float(temperature)}
 
 

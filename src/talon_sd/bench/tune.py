@@ -212,11 +212,12 @@ def tuned_options(method: str, options: dict) -> dict:
 
 
 def tuned_tree_options(method: str, target: str | None, draft: str | None, dtype: str | None,
-                       temperature: float = 0.0) -> dict:
+                       temperature: float = 0.0, quantize: str = "none") -> dict:
     """The tuned TreeConfig options of ``method`` for this machine, model pair, dtype and decoding mode.
 
     ``temperature`` is the run's (0 = greedy): a sampled run takes a profile calibrated by sampling
-    (:func:`talon_sd.bench.profiles.find_profile`), a greedy run a greedy one.
+    (:func:`talon_sd.bench.profiles.find_profile`), a greedy run a greedy one. ``quantize`` is the run's (an
+    ``auto`` dtype resolves by it).
 
     e.g. ``{"budget": 12, "mu": 0.03, "topk": 4}`` (talon), ``{"budget": 16, "topk": 4, "depth": 3}``
     (eagle), ``{"depth": 3}`` (chain), ``{"budget": 12}`` (static; TALON's N when static was not
@@ -229,7 +230,7 @@ def tuned_tree_options(method: str, target: str | None, draft: str | None, dtype
         return {}
     if method not in TUNED_FIELDS:
         raise TalonError(f"budget: 'tuned' is not available for method {method!r}")
-    key = profile_key(target, draft, dtype, temperature=temperature)
+    key = profile_key(target, draft, dtype, temperature=temperature, quantize=quantize)
     found = find_profile(key)
     if found is None:
         mode = f"for sampling (temperature {temperature:g})" if temperature > 0 else "for greedy decoding"
