@@ -4,7 +4,7 @@ Per dataset (and ``all``): plain decoding's tokens per second, then every other 
 same run), with MAT / delta of the variants named by ``--detail``. Several results files (e.g. the same sweep at two
 commits) give one column group each, headed by ``--names``.
 
-    python scripts/bench_table.py docs/bench/sweep-auto-greedy/results.json --detail auto
+    python scripts/bench_table.py docs/bench/sweep-int8-greedy/results.json --detail auto
     python scripts/bench_table.py RUN_A/results.json RUN_B/results.json --names new,old --detail auto
 """
 

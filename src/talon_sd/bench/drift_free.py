@@ -25,7 +25,7 @@ variant more than the others shows there). The model is a linear fit of one run,
 controller's choices were made on the measured, drifting costs; this only asks what those choices cost on a
 steady machine.
 
-    python scripts/drift_free.py docs/bench/sweep-auto-greedy/results.json [--auto-label 'talon(N=auto,K=4,mu=0.03)']
+    python scripts/drift_free.py docs/bench/sweep-int8-greedy/results.json [--auto-label 'talon(N=auto,K=4,mu=0.03)']
 """
 
 from __future__ import annotations

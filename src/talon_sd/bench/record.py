@@ -11,7 +11,7 @@ accept and draft: :func:`talon_sd.bench.simulate.replay_step` runs a controller 
 top-1 probability before each answer token (what the controller reads the text's predictability from) comes from
 one teacher-forced target forward.
 
-    python scripts/record_positions.py docs/bench/sweep-auto-greedy/checkpoint.jsonl --out positions.jsonl
+    python scripts/record_positions.py docs/bench/sweep-int8-greedy/checkpoint.jsonl --out positions.jsonl
     python scripts/record_positions.py RUN/checkpoint.jsonl --drafter ngram --out ngram.jsonl   # prompt lookup's trees
 
 One JSON line per prompt turn; resumable (turns already in ``--out`` are skipped). Cost: one draft forward
