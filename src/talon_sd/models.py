@@ -52,7 +52,7 @@ import torch
 
 from talon_sd.config import DEFAULT_DRAFT, DEFAULT_TARGET  # noqa: F401 (re-exported: the packaged pair)
 from talon_sd.errors import TalonError, TalonWarning, bad_argument
-from talon_sd.machine import isa_of_cpuinfo
+from talon_sd.machine import cpu_isa, isa_of_cpuinfo
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -186,12 +186,7 @@ def _native() -> bool:
 
 def cpu_has_fast_bfloat16() -> bool:
     """True when the CPU computes bfloat16 natively (AVX512-BF16 or AMX; detected on Linux only)."""
-    if platform.system() != "Linux":
-        return False
-    try:
-        return cpuinfo_has_fast_bfloat16(pathlib.Path("/proc/cpuinfo").read_text(errors="replace"))
-    except OSError:
-        return False
+    return platform.system() == "Linux" and cpu_isa() in ("amx", "avx512_bf16")
 
 
 def cpuinfo_has_fast_bfloat16(cpuinfo: str) -> bool:
