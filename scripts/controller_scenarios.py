@@ -42,7 +42,7 @@ def summaries_world(catch_up: float = 0.004, slower: float = 1.3) -> World:
     time, the draft's catch-up ``catch_up`` seconds a token (0.004 measured there). No fixed budget beats plain."""
     verify, draft = measured_curve(AVX2_INT8_MS["target"]), measured_curve(AVX2_INT8_MS["draft"])
     return World(verify=lambda size: slower * verify(size), draft=draft, other=0.015, agree=0.6,
-                 confidence=(0.6, 0.97), catch_up=catch_up)
+                 confidence=(0.6, 0.97), catch_up=catch_up, sampled=True)
 # Acceptance like the real Qwen pair's (greedy, bf16 sweep 12 on that CPU): stretches of easy and hard text
 # (a Markov chain over steps), fitted so that fixed N = 8 / 16 / 24 commit about what the real pair's did per
 # step (code: 4.1 / 8.9 / 13.0 against humaneval's 4.3 / 9.6 / 13.8; chat: 3.1 / 4.8 / 5.9 against mt_bench's
@@ -155,7 +155,8 @@ def chat_then_summaries(seeds: int, settings: ControllerSettings, slower: float 
     if summaries < 2:
         raise ValueError(f"summaries: got {summaries}, expected at least 2 (a first one and the others)")
     verify, draft = measured_curve(AVX2_INT8_MS["target"]), measured_curve(AVX2_INT8_MS["draft"])
-    chat = World(verify=verify, draft=draft, other=0.015, agree=0.85, confidence=(0.5, 0.95), catch_up=catch_up)
+    chat = World(verify=verify, draft=draft, other=0.015, agree=0.85, confidence=(0.5, 0.95), catch_up=catch_up,
+                 sampled=True)
     summary = summaries_world(catch_up, slower)
     later = f"summaries 2-{summaries}"
     blocks = (("chat",) if chats else ()) + ("first summary", later)
@@ -248,8 +249,8 @@ def main() -> None:
                    fixed))
     # float32 on the Intel Xeon (AMX), 128-token requests: only the 2-node tree is cheap to verify;
     # "T = 1-like" acceptance is lower agreement; the fixed column is N = 2 here
-    for name, text in (("Intel fp32 code, T = 1-like (fixed: N = 2)", world("intel-fp32", 0.004, agree=0.9, confidence=(0.6, 0.99))),
-                       ("Intel fp32 chat, T = 1-like (fixed: N = 2)", world("intel-fp32", 0.004, agree=0.7, confidence=(0.3, 0.9))),
+    for name, text in (("Intel fp32 code, T = 1-like (fixed: N = 2)", world("intel-fp32", 0.004, agree=0.9, confidence=(0.6, 0.99), sampled=True)),
+                       ("Intel fp32 chat, T = 1-like (fixed: N = 2)", world("intel-fp32", 0.004, agree=0.7, confidence=(0.3, 0.9), sampled=True)),
                        ("Intel fp32 code, greedy-like (fixed: N = 2)", world("intel-fp32", 0.004, **CODE))):
         autos, fixed, reasons = requests(text, seeds, settings, tokens=128, fixed_budget=2)
         print(line(name, autos, reasons, fixed))

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -223,6 +224,23 @@ def test_expected_tokens_are_ratios_of_sums_over_the_informing_steps():
     expected = controller.expected_tokens()
     for k in (2, 4, 8):
         assert expected[k] == pytest.approx(sum(min(a, k - 1) + 1 for a in accepted) / len(accepted))
+
+
+def test_a_sampled_fresh_start_pays_an_unmeasured_catch_up_only_within_exploration():
+    """With ``catch_up_row`` set (the loop sets it for sampled requests) a 700-token prompt's catch-up, priced above
+    what exploring may lose over a 128-token answer, keeps a fresh controller plain until the credit carried from
+    request to request covers it (within 4 more); a 20-token prompt's does not, nor greedy's (unset): they draft in
+    the first request."""
+    sampled = world_on(CPU_FACTS_MS["fp32"], catch_up=0.005, agree=0.9, sampled=True)  # 6.7 ms a row priced
+    first_drafted = []
+    for world, prompt in ((sampled, 700), (sampled, 20), (dataclasses.replace(sampled, sampled=False), 700)):
+        controller, drafted = fresh(), []
+        for request in range(6):
+            run = simulate(world, None, controller, seed=request, prompt=prompt, tokens=128)
+            drafted.append(max(run.budgets) > 1)
+            controller = controller.for_next_sequence()
+        first_drafted.append(drafted.index(True) if True in drafted else None)
+    assert first_drafted[0] is not None and 1 <= first_drafted[0] <= 4 and first_drafted[1:] == [0, 0], first_drafted
 
 
 def test_a_budget_informed_by_few_steps_cannot_be_chosen():

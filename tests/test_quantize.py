@@ -12,7 +12,9 @@ import torch
 from conftest import VOCAB, plain_greedy, tiny_model
 from helpers import make_drafter, run
 from talon_sd.config import TreeConfig
+from talon_sd.drafters import ModelDrafter
 from talon_sd.kernels import as_quantized, native
+from talon_sd.lm import CausalLM, linear_weights, pack_linears_for_cpu
 from talon_sd.quantize import (
     GROUP_SIZE, QUANTIZED_ROWS, Int4Linear, Int4Weight, Int8Linear, int4_from_float, int4_from_q4k, int8_from_float,
     quantize_linears,
@@ -102,6 +104,19 @@ def test_speculation_is_exact_against_the_quantized_target(mode, tree):
     tokens, stats = run(target, make_drafter("model", draft, VOCAB), tree, prompt, 40)
     assert tokens == expected
     assert stats.mat > 1.5  # the draft is the target itself: most drafts are accepted
+
+
+def test_linear_weights_count_every_linear_but_the_output_however_stored():
+    """What prices a sampled request's unmeasured catch-up (talon_sd.decoding): in x out of each linear, the output
+    projection excepted, the same in float32, packed for the CPU, int8 and int4."""
+    per_layer = 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128  # q, o; k, v (2 kv heads of 16); gate, up, down
+    assert ModelDrafter(tiny_model("llama", layers=1)).linear_weights == per_layer
+    for change in (None, pack_linears_for_cpu, lambda m: quantize_linears(m, "int8"),
+                   lambda m: quantize_linears(m, "int4")):
+        model = tiny_model("qwen", layers=2)
+        if change is not None:
+            change(model)
+        assert linear_weights(model) == 2 * per_layer == CausalLM(model).linear_weights
 
 
 def test_quantize_linears_refuses_an_unknown_mode():

@@ -197,6 +197,7 @@ class CausalLM:
         self.layout = attention_layout(model, role)
         self.cache = KVCache()
         self.cache_keyword = _cache_keyword(model)  # what the model's forward calls its KV cache
+        self.linear_weights = linear_weights(model)  # the compute of a forward over many rows grows with it
         embeddings = model.get_input_embeddings()
         self.vocab_size = int(embeddings.weight.shape[0])
         self.device = embeddings.weight.device
@@ -360,6 +361,21 @@ def _mkldnn():
         except ImportError:
             return None
     return mkldnn
+
+
+def linear_weights(model) -> int:
+    """The weights of ``model``'s linears, however stored (in x out each; quantized, packed), the output projection
+    (``get_output_embeddings`` or ``lm_head``) excepted: what the compute of a forward over many rows grows with."""
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else getattr(model, "lm_head", None)
+    total = 0
+    for module in model.modules():
+        if module is output:
+            continue
+        if hasattr(module, "in_features") and hasattr(module, "out_features"):
+            total += module.in_features * module.out_features
+        elif type(module).__name__ == "MkldnnLinear":
+            total += module.weight.shape[0] * module.weight.shape[1]
+    return total
 
 
 def _packable(module) -> bool:

@@ -54,6 +54,7 @@ def measured_curve(table: dict[int, float]) -> Callable[[float], float]:
 
 
 # ------------------------------------------------------------------------------------------ measured machines
+PAIR_WEIGHT_SHARE = 0.273  # the 0.5B draft's linear weights over the 1.5B target's (talon_sd.lm.linear_weights)
 CPU_FACTS_MS = {  # one target forward over T tokens, the 1.5B target on the project's CPU (shared/reference)
     "bf16": {1: 163, 2: 137, 4: 138, 8: 161, 16: 195, 32: 273, 64: 432},
     "fp32": {1: 317, 2: 653, 4: 596, 8: 558, 16: 696, 32: 943, 64: 1439},
@@ -145,6 +146,7 @@ class World:
     spell_slowdown: float = 1.3
     catch_up: float = 0.0  # extra seconds of a step's first draft forward per token committed without drafting
     report_confidence: bool = True  # steps report the target's confidence per committed token
+    sampled: bool = False  # sampled decoding (temperature-1-like acceptance): prices an unmeasured catch-up
 
 
 def world_on(costs: dict, catch_up: float = 0.0, other: float = 0.005, **acceptance) -> World:
@@ -251,6 +253,8 @@ def simulate(world_at: Callable[[int], World] | World, steps: int | None, policy
     world_of = world_at if callable(world_at) and not isinstance(world_at, World) else (lambda _: world_at)
     controller = None if isinstance(policy, int) else policy
     run, pending, index = Run(), prompt, 0
+    if controller is not None and world_of(0).sampled:  # the loop's estimate (target prefill per row x the draft's
+        controller.catch_up_row = world_of(0).draft(64) / 64  # share of its weights) is the draft's 64-row forward here
     while (index < steps) if steps is not None else (sum(run.tokens) < tokens):
         left = None if tokens is None else tokens - sum(run.tokens)
         if controller is not None:
@@ -295,6 +299,7 @@ class Turn:
     positions: list[dict]
     question_id: str = ""  # the dataset's question (an MT-Bench question has two turns)
     drafter: str = "model"  # who drafted the recorded trees: the draft LM ("model") or "ngram"
+    sampled: bool = False  # a seeded sampled text (the loop prices an unmeasured catch-up only then)
     children: list[dict] = field(default_factory=list)  # per position: (parent, token) -> inclusion position
 
     def __post_init__(self) -> None:
@@ -310,10 +315,10 @@ def load_turns(paths: list[pathlib.Path]) -> list[Turn]:
         for line in text.splitlines():
             if line.strip():
                 row = json.loads(line)
-                rows[row["index"]] = row
+                rows[row["index"]] = {"sampled": path.name.split(".")[0].endswith("-t1"), **row}  # *-t1: sampled
     return [Turn(index=r["index"], dataset=r["dataset"], prompt_tokens=r["prompt_tokens"], answer=r["answer"],
                  confidence=r["confidence"], positions=r["positions"], question_id=str(r.get("question_id", "")),
-                 drafter=r.get("drafter", "model")) for _, r in sorted(rows.items())]
+                 drafter=r.get("drafter", "model"), sampled=r["sampled"]) for _, r in sorted(rows.items())]
 
 
 def first_questions(turns, limit: int):
@@ -380,6 +385,8 @@ def replay_turn(turn: Turn, policy, clock: Clock, max_new_tokens: int,
     length = min(len(turn.answer) if tokens is None else tokens, len(turn.answer), max_new_tokens)
     position, pending, budgets, reasons = 0, turn.prompt_tokens, [], []
     seconds = clock.hardware.prefill_seconds(turn.prompt_tokens)
+    if controller is not None and turn.sampled and turn.drafter == "model":  # as the loop prices it
+        controller.catch_up_row = clock.hardware.prefill_per_token * PAIR_WEIGHT_SHARE
     while position < length:
         if controller is not None:
             budget = controller.next_budget(pending - 1, max_new_tokens - position)

@@ -14,11 +14,10 @@ Value: the prefix property
     the budget below on those steps, chained up from N = 1 (what the probes' text had in common cancels).
 
 The text: the target's confidence
-    An exponential mean of the target's top-1 probability over the committed tokens (1/8 each) tells predictable
-    text (>= 0.9: code) from open text (chat). Drafted steps are also kept per kind of text; every budget's
-    drafted tokens are scaled by what the recent kind accepted at N = 2 against all text (predictable text's by at
-    least ``kind_floor``: a draft model agrees where the target is sure; 0 for n-gram drafts); a kind of text that
-    few drafted steps have seen gets a trial tree from plain decoding at once.
+    An exponential mean of the target's top-1 probability over committed tokens (1/8 each) tells predictable text
+    (>= 0.9: code) from open text (chat). Drafted steps are also kept per kind; each budget's drafted tokens are
+    scaled by the recent kind's acceptance at N = 2 over all text's (predictable text's by >= ``kind_floor``: 1 for
+    a draft model, 0 for n-gram drafts); a kind few drafted steps have seen gets a trial tree from plain at once.
 
 Costs
     Measured seconds (:class:`CostCurve`): verify by tree size, a draft forward by rows, the rest by draft forwards;
@@ -30,7 +29,9 @@ Choice and exploration
     4 steps or more. Exploring is paid from a credit of ``exploration`` (3%) of the time run, so it loses at most
     that share (but for a fresh controller's plain step and a few trees per kind of text): a probe at the rung
     >= twice the choice and ``initial_budget`` (float32 CPUs: trees of 2-8 may lose where 16 wins); while drafting,
-    a plain step every ``plain_refresh`` steps; while plain, a trial tree; each priced at its tree filled.
+    a plain step every ``plain_refresh`` steps; while plain, a trial tree; each priced at its tree filled. Where the
+    loop sets ``catch_up_row`` (sampled: drafts agree less), a fresh start's catch-up is paid from the credit and the
+    request's share, before a draft forward is measured at ``catch_up_row`` seconds a row.
 
 Many requests: :func:`share_budget` shares one verify budget among a batch's requests by their expected tokens.
 State: JSON data (``to_dict``, ``from_dict``; :mod:`talon_sd.controller_memory` keeps it between processes).

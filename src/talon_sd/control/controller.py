@@ -17,7 +17,7 @@ PREDICTABLE = 0.9  # the target's recent top-1 probability from which text count
 CONFIDENCE_TOKENS = 8  # committed tokens the recent top-1 probability is a running mean over
 STATE_VERSION = 2
 REASONS = {  # why a step got its budget (DecodeStats.reasons)
-    "initial": "nothing learned yet: the initial budget",
+    "initial": "nothing learned yet: the initial budget (or plain, while the catch-up costs more than exploring may)",
     "choice": "the most expected tokens per second",
     "plain-measure": "exploration: a plain step re-measures the cost of one token",
     "probe": "exploration: a larger tree, to learn what it accepts and costs",
@@ -28,7 +28,6 @@ REASONS = {  # why a step got its budget (DecodeStats.reasons)
 @dataclass(frozen=True)
 class CostPrior:
     """A warm start for the costs (a ``talon tune`` profile): tree size -> verify, rows -> draft forward seconds."""
-
     verify_seconds: Mapping[int, float]
     draft_seconds: Mapping[int, float]
 
@@ -68,7 +67,6 @@ class ControllerSettings:
 class Value:
     """Per candidate budget, aged sums over the steps that informed it of their weight, committed tokens at it and
     at the budget below and nodes, and its draft forwards by width (priced when read); and their count."""
-
     NAMES = ("weight", "tokens", "below", "nodes")
 
     def __init__(self, candidates: tuple[int, ...]) -> None:
@@ -129,6 +127,7 @@ class BudgetController:
         self.choice, self.reason = settings.initial_budget, "initial"
         self.credit = 0.0  # seconds exploration may still lose
         self._catch_up = 0  # tokens the drafter must catch up before the coming step's tree
+        self.catch_up_row = 0.0  # > 0: a fresh start's catch-up is paid within exploration (at this a row unmeasured)
 
     def next_budget(self, catch_up_tokens: int = 0, tokens_left: int | None = None) -> int:
         """The coming step's budget N (1 = a plain step), given the committed tokens the drafter must forward before
@@ -140,10 +139,15 @@ class BudgetController:
         if tokens_left == 1:  # one token to go: no draft could be kept
             self.reason = "choice"
             return 1
-        rates = self.rates(catch_up_tokens, tokens_left)
+        rates, s = self.rates(catch_up_tokens, tokens_left), self.settings
         if max(rates, default=1) == 1:  # no drafted budget known yet: a fresh start, or forgotten
-            self.reason = "initial"
-            self.choice = self.choice if self.choice > 1 and 1 in rates else self.settings.initial_budget
+            price = self.catch_up_row and (self.catch_up_seconds(catch_up_tokens) if self.draft(1) else
+                                           catch_up_tokens * self.catch_up_row)  # priced where the loop asks
+            free = s.exploration * (tokens_left or s.horizon) / rates[1] if 1 in rates else 0.0
+            wait = price > self.credit + free  # a catch-up dearer than exploration may lose: plain until it is not
+            self.credit -= 0.0 if wait else max(price - free, 0.0)
+            self.reason = "plain-measure" if wait and 1 not in rates else "initial"
+            self.choice = 1 if wait else self.choice if self.choice > 1 and 1 in rates else s.initial_budget
             return self.choice
         self.choice = max(rates, key=lambda k: (rates[k], -k))
         budget, self.reason = self.choice, "choice"
@@ -177,8 +181,7 @@ class BudgetController:
             value.add(record)
 
     @property
-    def predictable(self) -> bool:
-        """Whether the recent text is predictable: the target's recent top-1 probability >= PREDICTABLE."""
+    def predictable(self) -> bool:  # whether the recent text is predictable: recent top-1 probability >= PREDICTABLE
         return self.confidence >= PREDICTABLE
 
     def expected_tokens(self) -> dict[int, float]:
@@ -244,10 +247,9 @@ class BudgetController:
 
     def to_dict(self) -> dict:
         """What it learned, as JSON-ready data (:meth:`from_dict` reads it back)."""
+        values = [{"sums": v.sums, "widths": v.widths, "informed": v.informed} for v in (self.value, *self.by_kind)]
         return {"version": STATE_VERSION, "settings": asdict(self.settings), "choice": self.choice,
-                "credit": self.credit, "confidence": self.confidence,
-                "values": [{"sums": v.sums, "widths": v.widths, "informed": v.informed}
-                           for v in (self.value, *self.by_kind)],
+                "credit": self.credit, "confidence": self.confidence, "values": values,
                 "costs": [curve.to_dict() for curve in (self.verify, self.draft, self.other)]}
 
     @classmethod
@@ -260,8 +262,8 @@ class BudgetController:
             controller.value, *kinds = (Value(controller.candidates).load(saved) for saved in data["values"])
             controller.by_kind = tuple(kinds)
             controller.verify, controller.draft, controller.other = map(CostCurve.from_dict, data["costs"])
-            controller.choice, controller.credit = int(data["choice"]), float(data["credit"])
-            controller.confidence = float(data["confidence"])
+            controller.choice, controller.credit, controller.confidence = \
+                int(data["choice"]), float(data["credit"]), float(data["confidence"])
         except (KeyError, TypeError, AttributeError) as error:
             raise ValueError(f"controller state: {error!r}") from error
         return controller

@@ -37,8 +37,7 @@ class CostCurve:
     def has(self, size: int) -> bool:
         return bucket(size) in self.samples
 
-    def age(self, size: int) -> float:
-        """Adds since ``size`` was last measured (infinite if never)."""
+    def age(self, size: int) -> float:  # adds since ``size`` was last measured (infinite if never)
         return self.adds - self.last_added[bucket(size)] if self.has(size) else float("inf")
 
     def medians(self) -> dict[int, float]:

@@ -66,14 +66,12 @@ class StepRecord:
             raise ValueError(f"StepRecord.{bad[0]}: inconsistent with the rest of the record ({self})")
 
     @property
-    def size(self) -> int:
-        """M, the number of verified nodes (root counted)."""
+    def size(self) -> int:  # M, the number of verified nodes (root counted)
         return len(self.node_parent)
 
 
 class PrefixOutcome(NamedTuple):
     """What a step would have been with budget k (its tree = the first ``tree_size`` nodes)."""
-
     accepted: int  # accepted draft tokens (bonus excluded)
     forwards: int  # draft forwards budget k runs
     draft_widths: tuple[int, ...]  # [forwards] their widths

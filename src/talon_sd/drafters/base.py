@@ -26,6 +26,12 @@ class Drafter(ABC):
         first forward does not depend on them."""
         return 0
 
+    @property
+    def linear_weights(self) -> int:
+        """The weights of the linears a catch-up row goes through (:func:`talon_sd.lm.linear_weights`): against the
+        target's, what an unmeasured catch-up is priced at. 0 for a drafter without a catch-up."""
+        return 0
+
     @abstractmethod
     def start(self, prompt_ids: torch.Tensor, features: torch.Tensor | None = None) -> None:
         """Begin a generation for ``prompt_ids`` [L]; ``prompt_ids[-1]`` is the first root.

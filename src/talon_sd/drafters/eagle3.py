@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..eagle3 import Eagle3Head, attention_bias
+from ..lm import linear_weights
 from .base import Drafter
 
 
@@ -47,6 +48,10 @@ class Eagle3Drafter(Drafter):
     @property
     def catch_up_tokens(self) -> int:
         return self.undrafted
+
+    @property
+    def linear_weights(self) -> int:
+        return linear_weights(self.head)
 
     @property
     def cache_length(self) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..lm import CausalLM
+from ..lm import CausalLM, linear_weights
 from .base import Drafter
 
 
@@ -50,6 +50,10 @@ class ModelDrafter(Drafter):
     @property
     def catch_up_tokens(self) -> int:
         return self.undrafted
+
+    @property
+    def linear_weights(self) -> int:
+        return linear_weights(self.lm.model)
 
     def begin_step(self, root_token):
         if not self.pending or self.pending[-1] != int(root_token):
