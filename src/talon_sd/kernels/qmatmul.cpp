@@ -22,7 +22,12 @@ namespace {
 
 constexpr int64_t kGroup = 32;  // inputs per group
 constexpr int64_t kBlock = 8;   // groups scaled together (one float32 vector)
-constexpr int kRows = 4;        // activation rows per pass over a weight row
+constexpr int kRows = 4;        // activation rows per pass over an int8 weight row
+#ifdef __AVX512VL__  // 32 vector registers: eight rows' accumulators beside the tile's unpacked weights
+constexpr int kTileRows = 8;    // int4 tile: rows per pass (EPYC VNNI, 16 x [1536, 8960]: 1.22 -> 0.97 ms)
+#else
+constexpr int kTileRows = 4;
+#endif
 constexpr int64_t kAhead = 2048;  // bytes of weights prefetched ahead of the block being read
 
 inline int64_t padded(int64_t groups) { return (groups + kBlock - 1) / kBlock * kBlock; }  // whole blocks of 8
@@ -165,14 +170,18 @@ void int4_tile(const uint8_t* wt, const uint16_t* st, const uint16_t* zt, int64_
     }
     const __m256 s8 = bf16x8(st + g * 8);
     const __m256 o8 = _mm256_fnmadd_ps(_mm256_set1_ps(8.0f), s8, bf16x8(zt + g * 8));  // w = q * s + (z - 8 s)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const int64_t m = m0 + r;
       const int32_t* x = reinterpret_cast<const int32_t*>(rows.q_data + (m * Gp + g) * kGroup);  // 8 quads
-#ifdef __AVX512VNNI__  // the same integer sums, four products a lane per instruction
-      __m256i sums = _mm256_dpbusd_epi32(_mm256_setzero_si256(), first[0], _mm256_set1_epi32(x[0]));
-      for (int v = 1; v < 4; ++v) sums = _mm256_dpbusd_epi32(sums, first[v], _mm256_set1_epi32(x[v]));
-      for (int v = 0; v < 4; ++v) sums = _mm256_dpbusd_epi32(sums, second[v], _mm256_set1_epi32(x[4 + v]));
+#ifdef __AVX512VNNI__  // the same integer sums, four products a lane per instruction, in two independent chains
+      __m256i low_sums = _mm256_dpbusd_epi32(_mm256_setzero_si256(), first[0], _mm256_set1_epi32(x[0]));
+      __m256i high_sums = _mm256_dpbusd_epi32(_mm256_setzero_si256(), second[0], _mm256_set1_epi32(x[4]));
+      for (int v = 1; v < 4; ++v) {
+        low_sums = _mm256_dpbusd_epi32(low_sums, first[v], _mm256_set1_epi32(x[v]));
+        high_sums = _mm256_dpbusd_epi32(high_sums, second[v], _mm256_set1_epi32(x[4 + v]));
+      }
+      const __m256i sums = _mm256_add_epi32(low_sums, high_sums);
 #else
       __m256i pairs = _mm256_maddubs_epi16(first[0], _mm256_set1_epi32(x[0]));
       for (int v = 1; v < 4; ++v) pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(first[v], _mm256_set1_epi32(x[v])));
@@ -221,16 +230,20 @@ void int8_output(const int8_t* wn, float scale, const Rows& rows, int64_t m0, fl
   for (int r = 0; r < R; ++r) out[(m0 + r) * N + n] = hsum(acc[r]) * scale;
 }
 
-// calls output(m0, std::integral_constant<int, R>) over chunks of R <= kRows rows (R a compile-time constant)
-template <typename Output>
+// f(std::integral_constant<int, rows>) for 1 <= rows <= R (a compile-time row count)
+template <int R, typename F>
+void dispatch(int64_t rows, const F& f) {
+  if constexpr (R > 1) {
+    if (rows < R) return dispatch<R - 1>(rows, f);
+  }
+  f(std::integral_constant<int, R>{});
+}
+
+// calls output(m0, std::integral_constant<int, R>) over chunks of R <= kMax rows
+template <int kMax, typename Output>
 void for_rows(int64_t M, const Output& output) {
-  for (int64_t m0 = 0; m0 < M; m0 += kRows) {
-    switch (std::min<int64_t>(kRows, M - m0)) {
-      case 1: output(m0, std::integral_constant<int, 1>{}); break;
-      case 2: output(m0, std::integral_constant<int, 2>{}); break;
-      case 3: output(m0, std::integral_constant<int, 3>{}); break;
-      default: output(m0, std::integral_constant<int, kRows>{});
-    }
+  for (int64_t m0 = 0; m0 < M; m0 += kMax) {
+    dispatch<kMax>(std::min<int64_t>(kMax, M - m0), [&](auto R) { output(m0, R); });
   }
 }
 
@@ -252,7 +265,7 @@ torch::Tensor int8_matmul(torch::Tensor x, torch::Tensor q, torch::Tensor scale)
   at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
       const int8_t* wn = w + n * G * kGroup;
-      for_rows(M, [&](int64_t m0, auto R) { int8_output<decltype(R)::value>(wn, ws[n], rows, m0, out, N, n); });
+      for_rows<kRows>(M, [&](int64_t m0, auto R) { int8_output<decltype(R)::value>(wn, ws[n], rows, m0, out, N, n); });
     }
   });
   return y;
@@ -276,7 +289,7 @@ torch::Tensor int4_matmul(torch::Tensor x, torch::Tensor packed, torch::Tensor s
   float* out = y.data_ptr<float>();
   at::parallel_for(0, T, 4, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
-      for_rows(M, [&](int64_t m0, auto R) {
+      for_rows<kTileRows>(M, [&](int64_t m0, auto R) {
         int4_tile<decltype(R)::value>(w + t * G * 128, ws + t * G * 8, wz + t * G * 8, G, rows, m0, out, N, 8 * t);
       });
     }
