@@ -279,7 +279,7 @@ def test_requests_switch_between_draft_lm_n_gram_and_plain_steps_exactly(llama_p
             super().__init__()
             self.chosen = []
 
-        def choose(self, size, catch_ups):
+        def choose(self, size, catch_ups, predicted=frozenset(), tokens_left=0):
             assert list(catch_ups) == ["ngram", "model"] or catch_ups["ngram"] == catch_ups["model"] == 0.0
             assert list(catch_ups.values()) == sorted(catch_ups.values())
             self.chosen.append(("ngram", "model", PLAIN)[len(self.chosen) % 3])
@@ -314,7 +314,7 @@ def test_a_kind_is_measured_by_its_steps_whatever_trees_they_built(llama_pair):
     from talon_sd.batch import StepRates
 
     class NgramOnly(StepRates):
-        def choose(self, size, catch_ups):
+        def choose(self, size, catch_ups, predicted=frozenset(), tokens_left=0):
             return "ngram"
 
     target, draft = llama_pair
@@ -441,3 +441,21 @@ def test_step_seconds_prices_rows_and_lockstep_forwards():
     assert step_seconds([1, 1], fresh, [3], verify, draft) == pytest.approx(0.9)  # padded: 3 rows x 3 requests
     # two trees of 16: 32 rows verified; log2(16) = 4 lockstep forwards of 2 x 15 / 4 rows each
     assert step_seconds([16, 16], fresh, [], verify, draft) == pytest.approx(3.2 + 4 * 0.01 * 7.5)
+
+
+def test_step_rates_try_a_kind_the_shared_model_predicts_within_the_batchs_exploration_share():
+    """Where the shared model predicts a drafting kind a gain, its first measurement at a batch size may also
+    spend the exploration share of the batch's plain time to come; measured once, only the credit pays again."""
+    from talon_sd.batch import StepRates
+
+    rates = StepRates(exploration=0.1)
+    for _ in range(4):
+        rates.add(2, PLAIN, 2, 0.2)  # 10 tokens a second; credit 0.08 s
+    assert rates.choose(2, {"model": 0.5}) == PLAIN  # the credit alone does not cover the catch-up
+    assert rates.choose(2, {"model": 0.5}, {"model"}, tokens_left=100) == "model"  # 0.08 + 0.1 x 100 / 10 s do
+    assert rates.choose(2, {"model": 2.0}, {"model"}, tokens_left=100) == PLAIN  # a catch-up dearer than that
+    for step in range(3):
+        rates.add(2, "model", 1, 0.2, catch_up=0.5 if step == 0 else 0.0)  # a trial that loses: 5 tokens a second
+        assert rates.choose(2, {"model": 0.0}, {"model"}, tokens_left=100) == "model"  # on until measured
+    rates.add(2, "model", 1, 0.2)
+    assert rates.choose(2, {"model": 0.0}, {"model"}, tokens_left=100) == PLAIN  # measured slower

@@ -182,16 +182,18 @@ class StepRates:
     is the measured check on the shared budget's model of costs: a batch of R requests runs the kind that measured
     the most tokens per second. Plain is measured first (a plain step costs what batched plain decoding costs); a
     drafting kind, while unmeasured, is tried when it did not measure slower than plain at a smaller batch and the
-    exploration credit (``exploration`` of the time run, as the controller's) covers its draft LMs' catch-up, and
-    what a drafted step lost against plain steps, its catch-ups included, is paid from it; after ``refresh`` steps
-    of one kind in a row the other kinds' figures are dropped and measured again, so the check follows the batch's
-    text and its host's speed."""
+    exploration credit (``exploration`` of the time run, as the controller's) covers its draft LMs' catch-up (its
+    first measurement at a batch size, where the shared model predicts it a gain, may also spend that share of the
+    batch's plain time to come), and what a drafted step lost against plain steps, its catch-ups included, is paid
+    from it; after ``refresh`` steps of one kind in a row the other kinds' figures are dropped and measured again,
+    so the check follows the batch's text and its host's speed."""
 
     def __init__(self, window: int = 16, refresh: int = 64, exploration: float = 0.03) -> None:
         self.window, self.refresh, self.exploration = window, refresh, exploration
         self.steps: dict[tuple[int, str], deque] = {}  # (R, kind) -> (tokens, seconds) of the last steps
         self.runs: dict[int, tuple[str, int]] = {}  # R -> (kind, steps of that kind in a row)
         self.credit = 0.0  # seconds exploration may still lose
+        self.measured_once: set[tuple[int, str]] = set()  # (R, kind) measured at least once (TRUSTED steps)
 
     def add(self, size: int, kind: str, tokens: int, seconds: float, catch_up: float = 0.0) -> None:
         """A step of ``size`` requests and ``kind`` committed ``tokens`` in ``seconds``, plus ``catch_up`` seconds
@@ -201,6 +203,8 @@ class StepRates:
         if kind != PLAIN and plain is not None:
             self.credit -= max(seconds + catch_up - tokens / plain, 0.0)
         self.steps.setdefault((size, kind), deque(maxlen=self.window)).append((tokens, seconds))
+        if len(self.steps[(size, kind)]) >= TRUSTED:
+            self.measured_once.add((size, kind))
         last, count = self.runs.get(size, (kind, 0))
         count = count + 1 if last == kind else 1
         if count >= self.refresh:  # what the other kinds measured is old: measure them again
@@ -214,16 +218,21 @@ class StepRates:
         steps = self.steps.get((size, kind), ())
         return sum(t for t, _ in steps) / sum(s for _, s in steps) if len(steps) >= TRUSTED else None
 
-    def choose(self, size: int, catch_ups: dict[str, float]) -> str:
+    def choose(self, size: int, catch_ups: dict[str, float], predicted: set[str] = frozenset(),
+               tokens_left: int = 0) -> str:
         """The kind a batch of ``size`` runs next, among plain and the drafting kinds ``catch_ups`` names (with what
         their draft LMs' catch-up would cost now, seconds): plain until measured; then a drafting kind not yet
         measured, in the order given, where it did not measure slower at a smaller batch (more requests only make
-        rows dearer and plain tokens cheaper) and the credit covers its catch-up; else the fastest measured."""
+        rows dearer and plain tokens cheaper) and the credit covers its catch-up, or, where the shared model predicts
+        it a gain (``predicted``) and it was never measured at this size, the credit and the exploration share of the
+        batch's plain time to come (``tokens_left`` in all) do; else the fastest measured."""
         rates = {kind: self.rate(size, kind) for kind in [PLAIN, *catch_ups]}
         if rates[PLAIN] is None:
             return PLAIN
+        share = self.exploration * tokens_left / rates[PLAIN]  # what exploring the time to come may lose
         for kind, catch_up in catch_ups.items():
-            if rates[kind] is None and self.credit > catch_up and \
+            first = kind in predicted and (size, kind) not in self.measured_once  # a first trial, on the model's word
+            if rates[kind] is None and self.credit + (share if first else 0.0) > catch_up and \
                     not any(self._slower(smaller, kind) for smaller in range(2, size)):
                 return kind
         return max((kind for kind, rate in rates.items() if rate is not None), key=rates.get)
@@ -390,7 +399,9 @@ class BatchDecoder:
             kinds = set.intersection(*({p.drafter.name for p in r.pipelines if p.drafter} for r in requests))
             catch_ups = sorted((sum(r.catch_up_seconds(kind) for r in requests), kind) for kind in kinds)
             cheapest_first = {kind: seconds for seconds, kind in catch_ups}
-            self.kind = self.measured.choose(len(requests), cheapest_first)
+            predicted = {kind for kind in kinds if self._predicts_gain(requests, kind)}
+            left = sum(max(request.stop.max_new_tokens - len(request.stop.tokens), 0) for request in requests)
+            self.kind = self.measured.choose(len(requests), cheapest_first, predicted, left)
             if self.kind == PLAIN:  # no request's own choice is asked for
                 for request in requests:
                     request.plan = StepPlan(budget=1, reason="choice")
@@ -421,6 +432,29 @@ class BatchDecoder:
 
         for i, budget in zip(shared, share_budget(shared_tables, seconds)):
             requests[i].plan = StepPlan(budget=budget, reason="choice")
+
+    def _predicts_gain(self, requests: list[Request], kind: str) -> bool:
+        """Whether the shared model gives some request a tree were every request to draft with ``kind``: the
+        allocation :func:`share_budget` picks from the requests' expected tokens, priced by the batch's measured
+        costs with each request's catch-up spread over its horizon (:func:`catch_up_charge`)."""
+        if not self.verify_cost.points() or not self.draft_cost.points():
+            return False
+        running = [request.pipeline.drafter.name if request.pipeline.drafter else None for request in requests]
+        for request in requests:
+            request.use(kind)
+        controllers = [request.pipeline.controller for request in requests]
+        tables = [controller.expected_tokens() for controller in controllers]
+        charges = [catch_up_charge(request) for request in requests]
+        draft_cost = self.draft_cost if kind == ModelDrafter.name else None
+
+        def seconds(budgets: list[int]) -> float:
+            catch_up = sum(charge * table[b] for charge, table, b in zip(charges, tables, budgets) if b > 1)
+            return step_seconds(budgets, controllers, [], self.verify_cost, draft_cost) + catch_up
+
+        gain = any(budget > 1 for budget in share_budget(tables, seconds))
+        for request, name in zip(requests, running):
+            request.use(name)
+        return gain
 
     def _draft(self, requests: list[Request]) -> list[DraftTree]:
         """Every request's tree: the builders run in lockstep; each round, the asks of draft LMs of one model
