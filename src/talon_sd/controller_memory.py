@@ -33,7 +33,6 @@ def memory_key(generator, target: str | None, draft: str | None) -> dict:
 def memory_path(key: dict) -> pathlib.Path:
     from .machine import key_file_stem
     from .models import cache_dir
-
     return cache_dir() / "controllers" / f"{key_file_stem(key)}.json"
 
 

@@ -144,11 +144,10 @@ class Request:
         self.stats.started = started = time.perf_counter()
         features = target.prefill(prompt_ids[:-1], self.capture)
         controller, greedy = self.pipeline.controller, self.pipeline.sampling.greedy
-        if controller is not None and drafter is not None and drafter.linear_weights and not greedy:
-            # a sampled request's unmeasured catch-up, priced as the target's prefill per row x the draft's share of
-            # its weights (prefill is compute-bound; talon_sd.control: Choice and exploration)
-            rows_seconds = (time.perf_counter() - started) / max(int(prompt_ids.numel()) - 1, 1)
-            controller.catch_up_row = rows_seconds * drafter.linear_weights / max(target.linear_weights, 1)
+        if controller is not None:  # a sampled request's unmeasured catch-up, priced as the target's prefill per row
+            # x the draft's share of its weights (prefill is compute-bound; talon_sd.control: Choice and exploration)
+            share = drafter.linear_weights / max(target.linear_weights, 1) if drafter and not greedy else 0.0
+            controller.catch_up_row = share * (time.perf_counter() - started) / max(int(prompt_ids.numel()) - 1, 1)
         if drafter is not None:
             drafter.start(prompt_ids, features)
         for other in self.pipelines[1:]:

@@ -253,8 +253,8 @@ def simulate(world_at: Callable[[int], World] | World, steps: int | None, policy
     world_of = world_at if callable(world_at) and not isinstance(world_at, World) else (lambda _: world_at)
     controller = None if isinstance(policy, int) else policy
     run, pending, index = Run(), prompt, 0
-    if controller is not None and world_of(0).sampled:  # the loop's estimate (target prefill per row x the draft's
-        controller.catch_up_row = world_of(0).draft(64) / 64  # share of its weights) is the draft's 64-row forward here
+    if controller is not None:  # the loop's estimate (target prefill per row x the draft's share of its weights) is
+        controller.catch_up_row = world_of(0).draft(64) / 64 if world_of(0).sampled else 0.0  # the draft's 64 rows
     while (index < steps) if steps is not None else (sum(run.tokens) < tokens):
         left = None if tokens is None else tokens - sum(run.tokens)
         if controller is not None:
@@ -385,8 +385,9 @@ def replay_turn(turn: Turn, policy, clock: Clock, max_new_tokens: int,
     length = min(len(turn.answer) if tokens is None else tokens, len(turn.answer), max_new_tokens)
     position, pending, budgets, reasons = 0, turn.prompt_tokens, [], []
     seconds = clock.hardware.prefill_seconds(turn.prompt_tokens)
-    if controller is not None and turn.sampled and turn.drafter == "model":  # as the loop prices it
-        controller.catch_up_row = clock.hardware.prefill_per_token * PAIR_WEIGHT_SHARE
+    if controller is not None:  # as the loop prices it
+        sampled = turn.sampled and turn.drafter == "model"
+        controller.catch_up_row = clock.hardware.prefill_per_token * PAIR_WEIGHT_SHARE if sampled else 0.0
     while position < length:
         if controller is not None:
             budget = controller.next_budget(pending - 1, max_new_tokens - position)

@@ -141,8 +141,7 @@ class BudgetController:
             return 1
         rates, s = self.rates(catch_up_tokens, tokens_left), self.settings
         if max(rates, default=1) == 1:  # no drafted budget known yet: a fresh start, or forgotten
-            price = self.catch_up_row and (self.catch_up_seconds(catch_up_tokens) if self.draft(1) else
-                                           catch_up_tokens * self.catch_up_row)  # priced where the loop asks
+            price = self.catch_up_row and self.catch_up_seconds(catch_up_tokens)  # priced where the loop asks
             free = s.exploration * (tokens_left or s.horizon) / rates[1] if 1 in rates else 0.0
             wait = price > self.credit + free  # a catch-up dearer than exploration may lose: plain until it is not
             self.credit -= 0.0 if wait else max(price - free, 0.0)
@@ -208,8 +207,10 @@ class BudgetController:
             self.other(sum(widths.values()))
 
     def catch_up_seconds(self, tokens: int) -> float:
-        """What forwarding ``tokens`` more rows adds to a draft forward (past the most rows measured, at least their
-        cost per row: a forward's fixed cost is in the measured one's)."""
+        """What forwarding ``tokens`` more rows adds to a draft forward: past the most rows measured at least their
+        cost per row (a forward's fixed cost is in the measured one's); before any is measured, ``catch_up_row``."""
+        if not self.draft(1):
+            return tokens * self.catch_up_row
         largest, extra = max(self.draft.samples, default=1), self.draft(tokens + 1) - self.draft(1)
         return max(extra, tokens * self.draft(largest) / largest if tokens >= largest else 0.0) if tokens else 0.0
 
