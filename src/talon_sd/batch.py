@@ -420,38 +420,36 @@ class BatchDecoder:
             return
         other_sizes = [plan.budget if plan is not None else self.last_sizes.get(id(request), 1)
                        for i, (request, plan) in enumerate(zip(requests, plans)) if i not in shared]
-        controllers = [requests[i].pipeline.controller for i in shared]
-        charges = [catch_up_charge(requests[i]) for i in shared]  # seconds per committed token, when drafting
-        shared_tables = [tables[i] for i in shared]
-        draft_cost = self.draft_cost if any(isinstance(r.pipeline.drafter, ModelDrafter) for r in requests) else None
+        draft_lms = any(isinstance(r.pipeline.drafter, ModelDrafter) for r in requests)
+        budgets = self._allocation([requests[i] for i in shared], [tables[i] for i in shared], other_sizes, draft_lms)
+        for i, budget in zip(shared, budgets):
+            requests[i].plan = StepPlan(budget=budget, reason="choice")
+
+    def _allocation(self, requests: list[Request], tables: list[dict[int, float]], other_sizes: list[int],
+                    draft_lms: bool) -> list[int]:
+        """:func:`share_budget`'s budgets for ``requests`` (their controllers' expected tokens ``tables``) beside
+        trees of ``other_sizes``, priced by the batch's measured costs (lockstep draft-LM forwards where
+        ``draft_lms``) plus each request's catch-up spread over its horizon (:func:`catch_up_charge`)."""
+        controllers = [request.pipeline.controller for request in requests]
+        charges = [catch_up_charge(request) for request in requests]  # seconds per committed token, when drafting
+        draft_cost = self.draft_cost if draft_lms else None
 
         def seconds(budgets: list[int]) -> float:
-            catch_up = sum(charge * table[budget] for charge, table, budget in zip(charges, shared_tables, budgets)
+            catch_up = sum(charge * table[budget] for charge, table, budget in zip(charges, tables, budgets)
                            if budget > 1)
             return step_seconds(budgets, controllers, other_sizes, self.verify_cost, draft_cost) + catch_up
 
-        for i, budget in zip(shared, share_budget(shared_tables, seconds)):
-            requests[i].plan = StepPlan(budget=budget, reason="choice")
+        return share_budget(tables, seconds)
 
     def _predicts_gain(self, requests: list[Request], kind: str) -> bool:
-        """Whether the shared model gives some request a tree were every request to draft with ``kind``: the
-        allocation :func:`share_budget` picks from the requests' expected tokens, priced by the batch's measured
-        costs with each request's catch-up spread over its horizon (:func:`catch_up_charge`)."""
+        """Whether :meth:`_allocation` gives some request a tree were every request to draft with ``kind``."""
         if not self.verify_cost.points() or not self.draft_cost.points():
             return False
         running = [request.pipeline.drafter.name if request.pipeline.drafter else None for request in requests]
         for request in requests:
             request.use(kind)
-        controllers = [request.pipeline.controller for request in requests]
-        tables = [controller.expected_tokens() for controller in controllers]
-        charges = [catch_up_charge(request) for request in requests]
-        draft_cost = self.draft_cost if kind == ModelDrafter.name else None
-
-        def seconds(budgets: list[int]) -> float:
-            catch_up = sum(charge * table[b] for charge, table, b in zip(charges, tables, budgets) if b > 1)
-            return step_seconds(budgets, controllers, [], self.verify_cost, draft_cost) + catch_up
-
-        gain = any(budget > 1 for budget in share_budget(tables, seconds))
+        tables = [request.pipeline.controller.expected_tokens() for request in requests]
+        gain = any(budget > 1 for budget in self._allocation(requests, tables, [], kind == ModelDrafter.name))
         for request, name in zip(requests, running):
             request.use(name)
         return gain

@@ -143,11 +143,13 @@ class Request:
         self.stats.prompt_tokens = int(prompt_ids.numel())
         self.stats.started = started = time.perf_counter()
         features = target.prefill(prompt_ids[:-1], self.capture)
+        prefill_row = (time.perf_counter() - started) / max(int(prompt_ids.numel()) - 1, 1)  # seconds
         controller, greedy = self.pipeline.controller, self.pipeline.sampling.greedy
         if controller is not None:  # a sampled request's unmeasured catch-up, priced as the target's prefill per row
             # x the draft's share of its weights (prefill is compute-bound; talon_sd.control: Choice and exploration)
-            share = drafter.linear_weights / max(target.linear_weights, 1) if drafter and not greedy else 0.0
-            controller.catch_up_row = share * (time.perf_counter() - started) / max(int(prompt_ids.numel()) - 1, 1)
+            sampled_draft = drafter is not None and not greedy
+            share = drafter.linear_weights / max(target.linear_weights, 1) if sampled_draft else 0.0
+            controller.catch_up_row = share * prefill_row
         if drafter is not None:
             drafter.start(prompt_ids, features)
         for other in self.pipelines[1:]:

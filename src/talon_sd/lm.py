@@ -28,6 +28,7 @@ Which models fit this contract (checked when a :class:`CausalLM` is made, see :f
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass
 
@@ -197,7 +198,6 @@ class CausalLM:
         self.layout = attention_layout(model, role)
         self.cache = KVCache()
         self.cache_keyword = _cache_keyword(model)  # what the model's forward calls its KV cache
-        self.linear_weights = linear_weights(model)  # the compute of a forward over many rows grows with it
         embeddings = model.get_input_embeddings()
         self.vocab_size = int(embeddings.weight.shape[0])
         self.device = embeddings.weight.device
@@ -206,6 +206,12 @@ class CausalLM:
         self.hidden_size = int(model.config.get_text_config(decoder=True).hidden_size)
         self.num_layers = int(model.config.get_text_config(decoder=True).num_hidden_layers)
         self.lean = LeanDecoder.of(model)  # transformers' arithmetic without its overhead, where it applies
+
+
+    @functools.cached_property
+    def linear_weights(self) -> int:
+        """:func:`linear_weights` of the model (what a forward over many rows computes), counted on first use."""
+        return linear_weights(self.model)
 
     def reset(self) -> None:
         self.cache.reset()
@@ -366,7 +372,8 @@ def _mkldnn():
 def linear_weights(model) -> int:
     """The weights of ``model``'s linears, however stored (in x out each; quantized, packed), the output projection
     (``get_output_embeddings`` or ``lm_head``) excepted: what the compute of a forward over many rows grows with."""
-    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else getattr(model, "lm_head", None)
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else \
+        getattr(model, "lm_head", None)
     total = 0
     for module in model.modules():
         if module is output:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..lm import CausalLM, linear_weights
+from ..lm import CausalLM
 from .base import Drafter
 
 
@@ -53,7 +53,7 @@ class ModelDrafter(Drafter):
 
     @property
     def linear_weights(self) -> int:
-        return linear_weights(self.lm.model)
+        return self.lm.linear_weights
 
     def begin_step(self, root_token):
         if not self.pending or self.pending[-1] != int(root_token):
